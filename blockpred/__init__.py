@@ -1,0 +1,18 @@
+"""blockpred: run a 3D network block by block over volumes larger than memory.
+
+>>> import blockpred
+>>> summary = blockpred.predict("volume.zarr/raw", "volume.zarr/prediction", model="tiny", block=64)
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["predict", "PredictionSummary", "__version__"]
+
+
+def __getattr__(name):
+    # Imported on first use, so `blockpred --help` does not wait for torch.
+    if name in ("predict", "PredictionSummary"):
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'blockpred' has no attribute {name!r}")

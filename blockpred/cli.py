@@ -1,0 +1,119 @@
+"""The ``blockpred`` command: arguments -> config -> run.
+
+Exit codes: 0 success; 1 a block failed while running (the message names it);
+2 bad input or options (one line saying what is wrong and how to fix it; nothing
+is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import BlockFailedError, BlockpredError
+
+logger = logging.getLogger("blockpred")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", help="preset (tiny, cremi2018, unet32), model file, or package.module:factory [tiny]")
+    g.add_argument("--weights", help="state-dict file for a factory or preset (loaded with weights_only=True)")
+    g.add_argument("--trust-pickle", action="store_true", default=None,
+                   help="allow unpickling a whole checkpoint; this runs code from the file, so only for trusted files")
+    g = parser.add_argument_group("blocks")
+    g.add_argument("--block", help="block core Z,Y,X (or one number): what one block writes [model's default]")
+    g.add_argument("--halo", help="context Z,Y,X read around each block and cropped [model's default]")
+    g.add_argument("--downsampling", help="the network's total downsampling Z,Y,X, for networks that cannot tell")
+    g.add_argument("--roi", help="sub-volume z0:z1,y0:y1,x0:x1 to predict [whole volume]")
+    g.add_argument("--pad-mode", choices=("reflect", "edge", "constant"), help="padding past the volume edge [reflect]")
+    g = parser.add_argument_group("device")
+    g.add_argument("--device", help="auto, cpu, cuda or cuda:N [auto]")
+    g.add_argument("--precision", choices=("fp32", "tf32", "fp16", "bf16"), help="[fp32]")
+    g.add_argument("--batch-size", type=int, help="blocks per forward pass [1]")
+    g.add_argument("--readers", dest="num_readers", type=int, help="reader threads [2]")
+    g.add_argument("--writers", dest="num_writers", type=int, help="writer threads [2]")
+    g.add_argument("--prefetch", type=int, help="blocks read ahead of the device [4]")
+    g = parser.add_argument_group("input and output")
+    g.add_argument("--normalize", help="auto, none, minmax:LO,HI or meanstd:MEAN,STD [auto]")
+    g.add_argument("--output-dtype", choices=("float32", "float16", "uint8"), help="[float32]")
+    g.add_argument("--output-chunks", help="output chunk shape Z,Y,X [largest divisor of the block <= 128]")
+    g.add_argument("--channels", help="output channels to keep, e.g. 0,2 [all]")
+    g.add_argument("--compression", choices=("zstd", "gzip", "blosc", "raw"), help="[zstd]")
+    g.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
+    g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+
+
+_RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
+             "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
+             "output_chunks", "channels", "compression", "overwrite", "progress")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blockpred", description="Blockwise 3D U-Net prediction for large volumes.")
+    parser.add_argument("--version", action="version", version=f"blockpred {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="predict a volume", description="Predict INPUT block by block into OUTPUT.")
+    run.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset or file.h5:/dataset")
+    run.add_argument("output", nargs="?", help="where to write [a sibling 'prediction' dataset, or vol.prediction.zarr]")
+    run.add_argument("--config", help="YAML file with any of the options below (flags override it)")
+    _add_run_options(run)
+
+    demo = sub.add_parser("demo", help="predict a synthetic EM volume with the default network")
+    demo.add_argument("--dir", default="blockpred-demo", help="where to write the demo volume and output [./blockpred-demo]")
+    demo.add_argument("--shape", default="128,256,256", help="demo volume shape Z,Y,X [128,256,256]")
+    demo.add_argument("--model", help="network [tiny]")
+    demo.add_argument("--device", help="auto, cpu, cuda or cuda:N [auto]")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .runner import predict
+
+    options = {key: getattr(args, key) for key in _RUN_KEYS}
+    summary = predict(args.input, args.output, config=args.config, **options)
+    print(summary)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .config import parse_shape
+    from .demo import write_demo_volume
+    from .runner import predict
+
+    directory = Path(args.dir)
+    shape = parse_shape(args.shape, "shape")
+    print(f"writing a synthetic EM volume of {'x'.join(map(str, shape))} voxels to {directory / 'volume.zarr'} ...")
+    raw = write_demo_volume(directory, shape)
+    summary = predict(raw, model=args.model, device=args.device, overwrite=True)
+    print(summary)
+    print(f"input:  {raw}\noutput: {summary.output}  (zarr v3 + OME-NGFF: open it in napari or with zarr.open)")
+    print(f"the same from the command line: blockpred run {Path(raw).parent} --overwrite")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return _run(args) if args.command == "run" else _demo(args)
+    except BlockpredError as err:
+        print(f"blockpred: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except BlockFailedError as err:
+        cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
+        print(f"blockpred: error: {err}{cause}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("blockpred: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Run options: one frozen dataclass, filled from a YAML file and then overrides.
+
+Every option of ``blockpred run`` can be written in a YAML file (``configs/``
+has examples); CLI flags and keyword arguments of :func:`blockpred.predict`
+override the file.  Flexible inputs (``64`` or ``[32, 64, 64]`` or
+``"32,64,64"`` for a shape) are normalised once, here, on entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import yaml
+
+from .errors import InputNotFoundError, InvalidOptionError
+from .geometry import Box, Coord
+from .normalize import Normalization, parse_output_dtype
+from .padding import PAD_MODES
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything that decides how a prediction runs.  ``None`` means "derive it"."""
+
+    #: Preset name (tiny, cremi2018, unet32), model file, ``package.module:factory``,
+    #: or (Python API only) a ``torch.nn.Module``.
+    model: Any = "tiny"
+    #: State-dict file for a factory or preset; loaded with ``weights_only=True``.
+    weights: str | None = None
+    #: Keyword arguments for a factory, or architecture facts a state dict cannot tell.
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: Allow unpickling a whole checkpoint (runs code from the file: only for trusted files).
+    trust_pickle: bool = False
+    #: Block core shape (z, y, x): what one block writes.  None: the model's default, else 64^3.
+    block: Coord | None = None
+    #: Context read on each side of the core and cropped away.  None: the model's default.
+    halo: Coord | None = None
+    #: The network's total downsampling; None: what the model reports (1 if unknown).
+    downsampling: Coord | None = None
+    #: "auto" (first CUDA device, else CPU), "cpu", "cuda" or "cuda:N".
+    device: str = "auto"
+    precision: str = "fp32"
+    #: Blocks per forward pass.
+    batch_size: int = 1
+    normalize: Normalization = Normalization("auto")
+    output_dtype: np.dtype = np.dtype("float32")
+    #: Output chunk shape (z, y, x); None: per axis the largest divisor of the block <= 128.
+    output_chunks: Coord | None = None
+    #: Output channels to keep (indices into the network's channels); None keeps all.
+    channels: tuple[int, ...] | None = None
+    #: Sub-volume to predict, in voxels of the input; None: the whole volume.
+    roi: Box | None = None
+    #: How reads past the volume edge are filled: reflect, edge or constant.
+    pad_mode: str = "reflect"
+    pad_value: float = 0.0
+    #: Output compression: zstd (default), gzip, blosc or raw.
+    compression: str = "zstd"
+    #: Threads reading and normalising blocks ahead of the device.
+    num_readers: int = 2
+    #: Threads writing finished blocks (HDF5 always uses one).
+    num_writers: int = 2
+    #: Blocks read ahead of the device; with the batch and pending writes this bounds memory.
+    prefetch: int = 4
+    overwrite: bool = False
+    progress: bool = True
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def parse_shape(value: Any, name: str) -> Coord:
+    """``64``, ``"64"``, ``"32,64,64"`` or ``[32, 64, 64]`` as a 3D :class:`Coord`."""
+    try:
+        if isinstance(value, str):
+            items = [int(v) for v in value.replace("x", ",").split(",") if v.strip()]
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            items = [int(value)]
+        else:
+            items = [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"{name} must be one integer or three (Z,Y,X), got {value!r}") from None
+    if len(items) == 1:
+        items = items * 3
+    if len(items) != 3:
+        raise InvalidOptionError(f"{name} must be one integer or three (Z,Y,X), got {value!r}")
+    return Coord(items)
+
+
+def parse_roi(value: Any) -> Box:
+    """``"z0:z1,y0:y1,x0:x1"`` or ``[[z0, z1], [y0, y1], [x0, x1]]`` as a :class:`Box`."""
+    try:
+        if isinstance(value, Box):
+            return value
+        if isinstance(value, str):
+            pairs = [tuple(int(v) for v in part.split(":")) for part in value.split(",")]
+        else:
+            pairs = [tuple(int(v) for v in pair) for pair in value]
+        if len(pairs) != 3 or any(len(p) != 2 for p in pairs):
+            raise ValueError
+        return Box(Coord(p[0] for p in pairs), Coord(p[1] for p in pairs))
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"ROI must be z0:z1,y0:y1,x0:x1 with begin <= end, got {value!r}") from None
+
+
+def _positive_int(value: Any, name: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number <= 0 or isinstance(value, bool):
+        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _normalise(name: str, value: Any) -> Any:
+    """One option's raw value (from YAML, CLI or Python) in its canonical type."""
+    if name in ("block", "halo", "downsampling", "output_chunks"):
+        shape = parse_shape(value, name)
+        if name == "halo" and any(v < 0 for v in shape):
+            raise InvalidOptionError(f"halo must be non-negative on every axis, got {tuple(shape)}")
+        if name != "halo" and any(v <= 0 for v in shape):
+            raise InvalidOptionError(f"{name} must be positive on every axis, got {tuple(shape)}")
+        return shape
+    if name == "roi":
+        return parse_roi(value)
+    if name == "normalize":
+        return Normalization.parse(value)
+    if name == "output_dtype":
+        return parse_output_dtype(value)
+    if name == "precision":
+        if str(value) not in PRECISIONS:
+            raise InvalidOptionError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
+        return str(value)
+    if name == "pad_mode":
+        if str(value) not in PAD_MODES:
+            raise InvalidOptionError(f"pad_mode must be one of {', '.join(PAD_MODES)}, got {value!r}")
+        return str(value)
+    if name in ("batch_size", "num_readers", "num_writers", "prefetch"):
+        return _positive_int(value, name)
+    if name == "channels":
+        items = value.split(",") if isinstance(value, str) else value
+        try:
+            return tuple(int(v) for v in items)
+        except (TypeError, ValueError):
+            raise InvalidOptionError(f"channels must be a list of channel indices, got {value!r}") from None
+    if name == "model_kwargs":
+        if not isinstance(value, Mapping):
+            raise InvalidOptionError(f"model_kwargs must be a mapping, got {value!r}")
+        return dict(value)
+    if name in ("trust_pickle", "overwrite", "progress"):
+        return bool(value)
+    if name == "pad_value":
+        return float(value)
+    if name == "compression":
+        return str(value).lower()
+    if name == "model":
+        # A name or path; the Python API also takes a torch.nn.Module as it is.
+        return str(value) if isinstance(value, (str, os.PathLike)) else value
+    if name in ("weights", "device"):
+        return str(value)
+    return value
+
+
+def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The options of a YAML file (keys as in :class:`RunConfig`; ``-`` may stand for ``_``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputNotFoundError(f"config file {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InvalidOptionError(f"config file {str(path)!r} is not valid YAML{where}") from None
+    if not isinstance(raw, Mapping):
+        raise InvalidOptionError(f"config file {str(path)!r} must hold a mapping of options, found {type(raw).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in raw.items()}
+
+
+def make_config(config_file: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
+    """A :class:`RunConfig` from a YAML file (optional) and overrides (``None`` = not given)."""
+    values: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = set(_field_names())
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InvalidOptionError(f"unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
+    return RunConfig(**{k: _normalise(k, v) for k, v in values.items() if v is not None})

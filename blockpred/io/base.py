@@ -1,0 +1,193 @@
+"""The one volume interface every backend implements, and path parsing.
+
+A :class:`Volume` is a 3D array (z, y, x) with an optional leading channel
+axis (c, z, y, x).  ``read`` and ``write`` take a *spatial* :class:`Box`; the
+channel axis, when there is one, is always read and written whole.
+
+Paths name a format by their shape (:func:`parse_volume_path`):
+
+* ``vol.zarr`` or ``vol.zarr/path/in/group``  -> zarr (formats 2 and 3)
+* ``vol.n5/dataset``                          -> N5 (through tensorstore)
+* ``file.h5:/dataset`` (also ``.hdf5``, ``.hdf``) -> HDF5 (through h5py)
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from ..errors import InvalidOptionError, InvalidVolumeError
+from ..geometry import Box, Coord
+
+Format = Literal["zarr", "n5", "hdf5"]
+
+#: Input dtypes blockpred can normalise and feed to a network.
+SUPPORTED_INPUT_DTYPES = tuple(
+    np.dtype(t) for t in ("uint8", "uint16", "uint32", "int8", "int16", "int32", "float16", "float32", "float64")
+)
+#: Output dtypes blockpred writes (uint8 is the prediction scaled from [0, 1] to 0-255).
+SUPPORTED_OUTPUT_DTYPES = tuple(np.dtype(t) for t in ("float32", "float16", "uint8"))
+
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+
+
+@dataclass(frozen=True, slots=True)
+class VolumePath:
+    """Where a volume lives: its format, its container on disk, and the dataset inside."""
+
+    format: Format
+    container: Path
+    dataset: str = ""
+
+    def __str__(self) -> str:
+        if self.format == "hdf5":
+            return f"{self.container}:/{self.dataset}"
+        return str(self.container / self.dataset) if self.dataset else str(self.container)
+
+    def sibling(self, name: str) -> "VolumePath":
+        """The dataset ``name`` beside this one in the same container."""
+        parent = self.dataset.rsplit("/", 1)[0] if "/" in self.dataset else ""
+        return VolumePath(self.format, self.container, f"{parent}/{name}" if parent else name)
+
+
+def parse_volume_path(text: str | Path) -> VolumePath:
+    """Split a user's path into format, container and dataset.
+
+    Raises :class:`InvalidOptionError` when no format can be told from the path.
+    """
+    text = str(text)
+    match = re.match(r"^(.*?\.(?:h5|hdf5|hdf))(?::/?|/)(.*)$", text, flags=re.IGNORECASE)
+    if match:
+        return VolumePath("hdf5", Path(match.group(1)), match.group(2).strip("/"))
+    if text.lower().endswith(_HDF5_SUFFIXES):
+        return VolumePath("hdf5", Path(text), "")
+    parts = Path(text).parts
+    for i, part in enumerate(parts):
+        lower = part.lower()
+        if lower.endswith(".zarr") or lower.endswith(".n5"):
+            fmt: Format = "zarr" if lower.endswith(".zarr") else "n5"
+            return VolumePath(fmt, Path(*parts[: i + 1]), "/".join(parts[i + 1 :]))
+    path = Path(text)
+    if (path / "zarr.json").exists() or (path / ".zarray").exists() or (path / ".zgroup").exists():
+        return VolumePath("zarr", path, "")
+    if (path / "attributes.json").exists():
+        return VolumePath("n5", path, "")
+    raise InvalidOptionError(
+        f"cannot tell the format of {text!r}: name a zarr (vol.zarr[/dataset]), "
+        f"N5 (vol.n5/dataset) or HDF5 (file.h5:/dataset) volume"
+    )
+
+
+class Volume(abc.ABC):
+    """A chunked 3D volume with an optional leading channel axis.
+
+    Subclasses set ``path``, ``shape``, ``dtype``, ``chunk_shape`` and
+    ``voxel_size`` in ``__init__`` and implement :meth:`_read` and
+    :meth:`_write` on full-rank index tuples.
+    """
+
+    path: VolumePath
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk_shape: tuple[int, ...]
+    #: Voxel size in (z, y, x) order, in the file's units, or None when the file has none.
+    voxel_size: tuple[float, ...] | None = None
+    #: True when writes of disjoint, chunk-aligned boxes may run in parallel threads.
+    parallel_writes: bool = True
+    #: False for a volume opened with mode "r"; :meth:`write` then raises.
+    writable: bool = True
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def num_channels(self) -> int | None:
+        """Channel count for a (c, z, y, x) volume, None for a (z, y, x) one."""
+        return self.shape[0] if len(self.shape) == 4 else None
+
+    @property
+    def spatial_shape(self) -> Coord:
+        return Coord(self.shape[-3:])
+
+    @property
+    def spatial_chunk_shape(self) -> Coord:
+        return Coord(self.chunk_shape[-3:])
+
+    @property
+    def box(self) -> Box:
+        """The whole spatial extent, ``[0:z, 0:y, 0:x]``."""
+        return Box.from_shape(self.spatial_shape)
+
+    def _index(self, box: Box) -> tuple[slice, ...]:
+        if box.ndim != 3:
+            raise ValueError(f"box {box} has {box.ndim} axes; volume {self.path} is indexed by (z, y, x) boxes")
+        if not self.box.contains(box):
+            raise ValueError(f"box {box} is outside volume {self.path} of spatial shape {tuple(self.spatial_shape)}")
+        lead = (slice(None),) * (self.ndim - 3)
+        return lead + box.to_slices()
+
+    def read(self, box: Box) -> np.ndarray:
+        """The data inside ``box`` (spatial), all channels, as a new numpy array."""
+        return np.asarray(self._read(self._index(box)))
+
+    def write(self, box: Box, data: np.ndarray) -> None:
+        """Write ``data`` (all channels) into ``box`` (spatial)."""
+        if not self.writable:
+            raise PermissionError(f"{self.path} was opened read-only; open it with mode 'r+' to write")
+        expected = self.shape[:-3] + tuple(box.shape)
+        if tuple(data.shape) != expected:
+            raise ValueError(f"data of shape {data.shape} does not fit box {box} of {self.path}: expected {expected}")
+        self._write(self._index(box), np.ascontiguousarray(data, dtype=self.dtype))
+
+    @abc.abstractmethod
+    def _read(self, index: tuple[slice, ...]) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None: ...
+
+    def close(self) -> None:
+        """Release file handles (a no-op for most backends)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, shape={self.shape}, dtype={self.dtype}, chunks={self.chunk_shape})"
+
+
+def check_input_volume(volume: Volume) -> None:
+    """Raise :class:`InvalidVolumeError` unless ``volume`` can be predicted."""
+    if volume.ndim not in (3, 4):
+        raise InvalidVolumeError(
+            f"{volume.path} has {volume.ndim} axes {volume.shape}; blockpred needs (z, y, x) or (c, z, y, x)"
+        )
+    if volume.dtype not in SUPPORTED_INPUT_DTYPES:
+        names = ", ".join(str(d) for d in SUPPORTED_INPUT_DTYPES)
+        raise InvalidVolumeError(f"{volume.path} has dtype {volume.dtype}; supported input dtypes: {names}")
+
+
+def spatial_voxel_size(value, *, reverse: bool = False) -> tuple[float, ...] | None:
+    """The (z, y, x) voxel size from an attribute value, or None when it is not one.
+
+    ``value`` holds one number per axis; a fourth, leading (z, y, x order) or
+    trailing (x, y, z order, ``reverse=True``) entry for the channel axis is
+    dropped.  ``reverse`` flips an (x, y, z) list, as N5 stores it.
+    """
+    try:
+        numbers = [float(v) for v in value]
+    except (TypeError, ValueError):
+        return None
+    if reverse:
+        numbers = numbers[::-1]
+    if len(numbers) not in (3, 4):
+        return None
+    return tuple(numbers[-3:])

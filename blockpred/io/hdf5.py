@@ -1,0 +1,259 @@
+"""HDF5 volumes through h5py, e.g. ``file.h5:/raw``.
+
+One file, two volumes.  The input and the output may be datasets of the same
+file in the same process (``f.h5:/raw`` in, ``f.h5:/prediction`` out), but
+HDF5 refuses to open a file twice in different modes.  So every
+:class:`HDF5Volume` borrows its ``h5py.File`` from one process-wide registry
+(:data:`OPEN_FILES`), keyed by the file's resolved path.  The first writer
+upgrades a read-only handle to mode ``"a"`` (close, reopen); volumes look
+their dataset up on every call, so an upgrade never leaves them a stale
+handle.  The file is closed when its last volume closes.
+
+h5py allows no concurrent writers, so ``parallel_writes`` is False, and every
+HDF5 call runs under the registry's lock (h5py serialises them anyway).
+
+New datasets (:func:`create`):
+
+* compression: HDF5 has no built-in zstd, so ``zstd`` (the default) is
+  written as **gzip level 1** (fast, most of gzip's ratio); ``gzip`` is gzip
+  level 4 (h5py's default); both add the byte shuffle filter for multi-byte
+  types.  ``raw`` is none.  ``blosc`` needs a plugin and is refused.
+* chunks larger than the dataset are clipped to it (HDF5 requires that).
+* the voxel size is stored in the attribute ``resolution`` (z, y, x).
+
+A contiguous (unchunked) dataset reports its whole shape as ``chunk_shape``.
+Removing a dataset does not shrink the file (HDF5 never reclaims space).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from contextlib import contextmanager
+from typing import Iterator
+
+import h5py
+import numpy as np
+
+from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from .base import Volume, VolumePath, spatial_voxel_size
+
+log = logging.getLogger(__name__)
+
+_COMPRESSION = {
+    "zstd": {"compression": "gzip", "compression_opts": 1},
+    "gzip": {"compression": "gzip", "compression_opts": 4},
+    "raw": {},
+}
+
+
+class _OpenFiles:
+    """Process-wide, thread-safe ``h5py.File`` handles: one per file, counted by users."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._files: dict[str, h5py.File] = {}
+        self._users: dict[str, int] = {}
+
+    def file(self, key: str, writable: bool) -> h5py.File:
+        """The open handle of ``key``, upgraded to mode "a" if ``writable``; hold :attr:`lock`."""
+        handle = self._files.get(key)
+        if handle is not None and handle.id.valid:
+            if not writable or handle.mode == "r+":
+                return handle
+            log.debug("reopening %s for writing", key)
+            handle.close()
+        try:
+            handle = h5py.File(key, "a" if writable else "r")
+        except OSError as error:
+            self._files.pop(key, None)
+            raise InvalidVolumeError(
+                f"{key!r} must be an HDF5 file that this process can open; h5py failed: {error}"
+            ) from error
+        self._files[key] = handle
+        return handle
+
+    def acquire(self, key: str, writable: bool) -> None:
+        with self.lock:
+            self.file(key, writable)
+            self._users[key] = self._users.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        with self.lock:
+            users = self._users.get(key, 0) - 1
+            if users > 0:
+                self._users[key] = users
+                return
+            self._users.pop(key, None)
+            handle = self._files.pop(key, None)
+            if handle is not None and handle.id.valid:
+                handle.close()
+                log.debug("closed %s", key)
+
+    @contextmanager
+    def borrowed(self, key: str, writable: bool) -> Iterator[h5py.File]:
+        """The handle for the length of a ``with`` block, under the lock."""
+        with self.lock:
+            self.acquire(key, writable)
+            try:
+                yield self.file(key, writable)
+            finally:
+                self.release(key)
+
+    def open_keys(self) -> list[str]:
+        """Files open now (for tests and debugging)."""
+        with self.lock:
+            return sorted(self._files)
+
+
+#: The registry every HDF5Volume borrows its file from.
+OPEN_FILES = _OpenFiles()
+
+
+class HDF5Volume(Volume):
+    """A dataset in an HDF5 file."""
+
+    parallel_writes = False
+
+    def __init__(self, path: VolumePath, mode: str = "r"):
+        self.path = path
+        self._mode = mode
+        self.writable = mode == "r+"
+        if not path.container.is_file():
+            raise InputNotFoundError(f"no HDF5 file at {str(path.container)!r}; check the path")
+        self._key = _key(path)
+        OPEN_FILES.acquire(self._key, self.writable)
+        self._release = weakref.finalize(self, OPEN_FILES.release, self._key)
+        try:
+            with OPEN_FILES.lock:
+                dataset = self._dataset()
+                self.shape = tuple(dataset.shape)
+                self.dtype = np.dtype(dataset.dtype)
+                self.chunk_shape = tuple(dataset.chunks or dataset.shape)
+                attrs = dataset.attrs
+                resolution = attrs.get("resolution", attrs.get("element_size_um"))
+                self.voxel_size = None if resolution is None else spatial_voxel_size(resolution)
+        except BaseException:
+            self._release()
+            raise
+        log.debug("opened %r", self)
+
+    def _dataset(self) -> h5py.Dataset:
+        handle = OPEN_FILES.file(self._key, self.writable)
+        node = handle.get(self.path.dataset) if self.path.dataset else None
+        if not isinstance(node, h5py.Dataset):
+            if not self.path.dataset:
+                raise InputNotFoundError(
+                    f"an HDF5 path must name a dataset, as '{self.path.container}:/<dataset>'; "
+                    f"{str(self.path.container)!r} has: {_list_datasets(handle)}"
+                )
+            raise InputNotFoundError(
+                f"no dataset {self.path.dataset!r} in {str(self.path.container)!r}; it has: {_list_datasets(handle)}"
+            )
+        return node
+
+    def _read(self, index: tuple[slice, ...]) -> np.ndarray:
+        with OPEN_FILES.lock:
+            return self._dataset()[index]
+
+    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
+        with OPEN_FILES.lock:
+            self._dataset()[index] = data
+
+    def close(self) -> None:
+        """Give the file back to the registry, which closes it after its last user."""
+        self._release()
+
+    def __reduce__(self):
+        return (type(self), (self.path, self._mode))
+
+
+def open_volume(path: VolumePath, mode: str = "r") -> HDF5Volume:
+    return HDF5Volume(path, mode)
+
+
+def volume_exists(path: VolumePath) -> bool:
+    """True when ``path`` names a dataset of an existing HDF5 file."""
+    if not path.dataset or not path.container.is_file():
+        return False
+    with OPEN_FILES.borrowed(_key(path), writable=False) as handle:
+        return isinstance(handle.get(path.dataset), h5py.Dataset)
+
+
+def remove_volume(path: VolumePath) -> None:
+    """Delete the dataset at ``path``; nothing when none is there.  The file stays."""
+    if not path.dataset:
+        raise InvalidOptionError(
+            f"blockpred removes one dataset of an HDF5 file, never the file; name it, as '{path.container}:/<dataset>'"
+        )
+    if not path.container.is_file():
+        return
+    with OPEN_FILES.borrowed(_key(path), writable=True) as handle:
+        _remove(handle, path)
+
+
+def create_volume(
+    path: VolumePath,
+    *,
+    shape: tuple[int, ...],
+    chunk_shape: tuple[int, ...],
+    dtype: np.dtype,
+    compression: str,
+    voxel_size: tuple[float, ...] | None,
+    overwrite: bool,
+    fill_value,
+) -> HDF5Volume:
+    """Create the dataset at ``path`` (see the module docstring) and open it ``r+``."""
+    if not path.dataset:
+        raise InvalidOptionError(
+            f"an HDF5 output needs a dataset name, got {str(path)!r}; write e.g. '{path.container}:/prediction'"
+        )
+    if compression not in _COMPRESSION:
+        raise InvalidOptionError(
+            f"HDF5 output supports compression zstd (written as gzip level 1), gzip or raw; got {compression!r}"
+        )
+    path.container.parent.mkdir(parents=True, exist_ok=True)
+    with OPEN_FILES.borrowed(_key(path), writable=True) as handle:
+        if path.dataset in handle:
+            if not overwrite:
+                raise OutputExistsError(
+                    f"{str(path)!r} exists; pass overwrite to replace it, or choose another output"
+                )
+            _remove(handle, path)
+        dataset = handle.create_dataset(
+            path.dataset,
+            shape=shape,
+            dtype=dtype,
+            chunks=tuple(min(c, s) for c, s in zip(chunk_shape, shape)),
+            fillvalue=fill_value,
+            shuffle=bool(_COMPRESSION[compression]) and dtype.itemsize > 1,
+            **_COMPRESSION[compression],
+        )
+        if voxel_size is not None:
+            dataset.attrs["resolution"] = np.asarray(voxel_size, dtype=np.float64)
+        log.info("created HDF5 dataset %s shape=%s chunks=%s dtype=%s", path, shape, dataset.chunks, dtype)
+        return HDF5Volume(path, "r+")
+
+
+def _key(path: VolumePath) -> str:
+    return str(path.container.resolve())
+
+
+def _remove(handle: h5py.File, path: VolumePath) -> None:
+    node = handle.get(path.dataset)
+    if node is None:
+        return
+    if isinstance(node, h5py.Group) and len(node):
+        raise InvalidOptionError(
+            f"{str(path)!r} is an HDF5 group holding {_list_datasets(node)}; "
+            f"blockpred removes one dataset at a time, name one of them"
+        )
+    del handle[path.dataset]
+    log.info("removed HDF5 dataset %s", path)
+
+
+def _list_datasets(group: h5py.Group) -> list[str]:
+    found: list[str] = []
+    group.visititems(lambda name, node: found.append(name) if isinstance(node, h5py.Dataset) else None)
+    return sorted(found)

@@ -1,0 +1,224 @@
+"""N5 volumes through tensorstore's ``n5`` driver.
+
+Axis order.  N5 lists dimensions fastest-first: ``attributes.json`` holds
+``dimensions`` and ``blockSize`` as (x, y, z[, c]) and a block stores x
+fastest.  tensorstore's ``n5`` driver exposes the axes in that on-disk order
+(its domain is ``[0, X), [0, Y), [0, Z)``), so :class:`N5Volume` reverses
+them and presents (z, y, x) or (c, z, y, x), as z5py and zarr's N5 store do;
+on disk the channel axis is therefore the last, slowest one.  Voxel sizes
+follow the same rule: ``resolution`` (or ``pixelResolution``) is read as
+(x, y, z) and returned as (z, y, x).
+
+New datasets (:func:`create`):
+
+* compression: ``zstd`` (the default) is written as **blosc with zstd inside**
+  (level 5, byte shuffle).  tensorstore can write N5's ``zstd`` compression
+  type, but that is an extension (n5-zstandard) most N5 readers lack, while
+  blosc is read by n5-blosc (Fiji), z5py, zarr and tensorstore alike.
+  ``gzip`` is gzip at zlib's default level, ``blosc`` is blosc lz4 (level 5,
+  byte shuffle), ``raw`` is none.
+* N5 has no float16 and no fill value (missing blocks read as 0).
+* a new container gets the root ``attributes.json`` ``{"n5": "2.5.1"}``.
+
+Writes to disjoint, block-aligned boxes touch disjoint block files, so
+threads may write at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import tensorstore as ts
+
+from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from .base import Volume, VolumePath, spatial_voxel_size
+
+log = logging.getLogger(__name__)
+
+N5_VERSION = "2.5.1"
+_DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
+_COMPRESSION = {
+    "zstd": {"type": "blosc", "cname": "zstd", "clevel": 5, "shuffle": 1, "blocksize": 0},
+    "gzip": {"type": "gzip"},
+    "blosc": {"type": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0},
+    "raw": {"type": "raw"},
+}
+
+
+class N5Volume(Volume):
+    """An N5 dataset, presented as (z, y, x) or (c, z, y, x)."""
+
+    parallel_writes = True
+
+    def __init__(self, path: VolumePath, mode: str = "r"):
+        self.path = path
+        self._mode = mode
+        self.writable = mode == "r+"
+        attributes = _dataset_attributes(path)
+        try:
+            on_disk = ts.open(_spec(path), read=True, write=self.writable).result()
+        except ValueError as error:
+            raise InvalidVolumeError(
+                f"N5 dataset {str(path)!r} must have valid attributes.json metadata; "
+                f"tensorstore could not open it: {error}"
+            ) from error
+        # (x, y, z[, c]) on disk -> ([c,] z, y, x) for everyone else.
+        self._store = on_disk.T
+        self.shape = tuple(int(n) for n in self._store.shape)
+        self.dtype = np.dtype(self._store.dtype.numpy_dtype)
+        self.chunk_shape = tuple(int(n) for n in attributes["blockSize"][::-1])
+        self.voxel_size = _voxel_size(attributes)
+        log.debug("opened %r", self)
+
+    def _read(self, index: tuple[slice, ...]) -> np.ndarray:
+        return self._store[index].read().result()
+
+    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
+        self._store[index].write(data).result()
+
+    def __reduce__(self):
+        return (type(self), (self.path, self._mode))
+
+
+def open_volume(path: VolumePath, mode: str = "r") -> N5Volume:
+    return N5Volume(path, mode)
+
+
+def volume_exists(path: VolumePath) -> bool:
+    """True when ``path`` is an N5 dataset (its attributes.json has ``dimensions``)."""
+    return _is_dataset(_directory(path))
+
+
+def remove_volume(path: VolumePath) -> None:
+    """Remove the dataset at ``path`` (its directory); nothing when none is there.
+
+    Refuses a group, since that would remove several datasets.
+    """
+    directory = _directory(path)
+    if not directory.exists():
+        return
+    if not _is_dataset(directory):
+        raise InvalidOptionError(
+            f"{str(path)!r} is an N5 group, not a dataset; blockpred removes one dataset at a time, "
+            f"name one of: {_list_datasets(directory)}"
+        )
+    shutil.rmtree(directory)
+    log.info("removed N5 dataset %s", path)
+
+
+def create_volume(
+    path: VolumePath,
+    *,
+    shape: tuple[int, ...],
+    chunk_shape: tuple[int, ...],
+    dtype: np.dtype,
+    compression: str,
+    voxel_size: tuple[float, ...] | None,
+    overwrite: bool,
+    fill_value,
+) -> N5Volume:
+    """Create the dataset at ``path`` (see the module docstring) and open it ``r+``."""
+    if not path.dataset:
+        raise InvalidOptionError(
+            f"an N5 output needs a dataset inside the container, got {str(path)!r}; "
+            f"name one, e.g. {str(path.sibling('prediction'))!r}"
+        )
+    if dtype == np.float16:
+        raise InvalidOptionError("N5 has no float16 data type; write float32 (or uint8) to N5, or use zarr")
+    if dtype.name not in _DATA_TYPES:
+        raise InvalidOptionError(f"N5 data types are {', '.join(_DATA_TYPES)}; got {dtype}")
+    if fill_value not in (0, None):
+        raise InvalidOptionError(f"N5 has no fill value (missing blocks read as 0); got fill_value={fill_value!r}")
+    directory = _directory(path)
+    if directory.exists():
+        if not overwrite:
+            raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
+        remove_volume(path)
+    _ensure_container(path.container)
+    metadata = {
+        "dimensions": list(shape[::-1]),
+        "blockSize": list(chunk_shape[::-1]),
+        "dataType": dtype.name,
+        "compression": _COMPRESSION[compression],
+    }
+    if voxel_size is not None:
+        metadata["resolution"] = [float(v) for v in voxel_size[::-1]] + [1.0] * (len(shape) - 3)
+    ts.open({**_spec(path), "metadata": metadata}, create=True).result()
+    log.info("created N5 dataset %s shape=%s chunks=%s dtype=%s", path, shape, chunk_shape, dtype)
+    return N5Volume(path, "r+")
+
+
+def _spec(path: VolumePath) -> dict:
+    return {"driver": "n5", "kvstore": {"driver": "file", "path": str(_directory(path))}}
+
+
+def _directory(path: VolumePath) -> Path:
+    return path.container / path.dataset if path.dataset else path.container
+
+
+def _read_attributes(directory: Path) -> dict | None:
+    try:
+        attributes = json.loads((directory / "attributes.json").read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return attributes if isinstance(attributes, dict) else None
+
+
+def _is_dataset(directory: Path) -> bool:
+    attributes = _read_attributes(directory)
+    return attributes is not None and "dimensions" in attributes
+
+
+def _dataset_attributes(path: VolumePath) -> dict:
+    if not path.container.is_dir():
+        raise InputNotFoundError(f"no N5 container at {str(path.container)!r}; check the path")
+    attributes = _read_attributes(_directory(path))
+    if attributes is None or "dimensions" not in attributes:
+        where = f"dataset {path.dataset!r} in {str(path.container)!r}" if path.dataset else f"dataset at {str(path)!r}"
+        raise InputNotFoundError(f"no {where}; it has: {_list_datasets(path.container)}")
+    if "blockSize" not in attributes:
+        raise InvalidVolumeError(f"N5 dataset {str(path)!r} must have a blockSize in attributes.json; it has none")
+    return attributes
+
+
+def _voxel_size(attributes: dict) -> tuple[float, ...] | None:
+    value = attributes.get("resolution")
+    if value is None:
+        value = attributes.get("pixelResolution")
+        if isinstance(value, dict):  # {"dimensions": [x, y, z], "unit": "um"}
+            value = value.get("dimensions")
+    return None if value is None else spatial_voxel_size(value, reverse=True)
+
+
+def _ensure_container(container: Path) -> None:
+    container.mkdir(parents=True, exist_ok=True)
+    root = container / "attributes.json"
+    if not root.exists():
+        root.write_text(json.dumps({"n5": N5_VERSION}))
+
+
+def _list_datasets(container: Path, max_depth: int = 4) -> list[str]:
+    """Dataset paths below ``container``, for error messages.
+
+    Never descends into a dataset (its subfolders are block folders) nor
+    deeper than ``max_depth`` levels.
+    """
+    found: list[str] = []
+
+    def walk(directory: Path, depth: int) -> None:
+        if _is_dataset(directory):
+            found.append(os.path.relpath(directory, container).replace(os.sep, "/"))
+            return
+        if depth >= max_depth:
+            return
+        for child in sorted(p for p in directory.iterdir() if p.is_dir()):
+            walk(child, depth + 1)
+
+    if container.is_dir():
+        walk(container, 0)
+    return found

@@ -1,0 +1,257 @@
+"""zarr volumes (formats 2 and 3) through zarr-python 3.
+
+A path names either an array (``vol.zarr``, ``vol.zarr/path/in/group``) or
+an OME-NGFF image group, whose first scale (``datasets[0].path``) is opened
+and whose ``scale`` transformation gives the voxel size.  A plain array takes
+its voxel size from the attribute ``resolution`` (z, y, x) when it has one.
+
+New volumes (:func:`create`):
+
+* format: a new container is zarr format 3 unless ``zarr_format`` says 2; a
+  dataset inside an existing container takes the container's format.
+* ``ome=True`` makes the path an OME-NGFF image group (0.5 for format 3, 0.4
+  for format 2, see :mod:`blockpred.io.ome`) holding the array ``<path>/0``;
+  ``ome=False`` puts a plain array exactly at the path.
+* compression: ``zstd`` level 3 (format 3: ``ZstdCodec``, format 2: numcodecs
+  ``Zstd``), ``gzip`` level 5, ``blosc`` (lz4, level 5, byte shuffle), or
+  ``raw`` (none).
+* format 3 arrays carry ``dimension_names`` (``c``, ``z``, ``y``, ``x``).
+
+Writes to disjoint boxes aligned to :attr:`ZarrVolume.chunk_shape` (the shard
+shape of a sharded array) touch disjoint files, so threads may write at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import numcodecs
+import numpy as np
+import zarr
+import zarr.codecs
+import zarr.errors
+from zarr.storage import LocalStore
+
+from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from .base import Volume, VolumePath, spatial_voxel_size
+from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
+
+log = logging.getLogger(__name__)
+
+_NOT_FOUND = (FileNotFoundError, zarr.errors.NodeNotFoundError)
+
+
+class ZarrVolume(Volume):
+    """A zarr array, or the first scale of an OME-NGFF image group."""
+
+    parallel_writes = True
+
+    def __init__(self, path: VolumePath, mode: str = "r"):
+        self.path = path
+        self._mode = mode
+        self.writable = mode == "r+"
+        self._array, self.voxel_size = _open_array(path, mode)
+        self.shape = tuple(self._array.shape)
+        self.dtype = np.dtype(self._array.dtype)
+        # The shard is the unit a writer rewrites whole; without sharding it is the chunk.
+        self.chunk_shape = tuple(self._array.shards or self._array.chunks)
+        self.zarr_format: int = self._array.metadata.zarr_format
+        log.debug("opened %r", self)
+
+    def _read(self, index: tuple[slice, ...]) -> np.ndarray:
+        return self._array[index]
+
+    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
+        self._array[index] = data
+
+    def __reduce__(self):
+        return (type(self), (self.path, self._mode))
+
+
+def open_volume(path: VolumePath, mode: str = "r") -> ZarrVolume:
+    return ZarrVolume(path, mode)
+
+
+def volume_exists(path: VolumePath) -> bool:
+    """True when ``path`` holds an array or an OME-NGFF image group."""
+    if not path.container.is_dir():
+        return False
+    node = _node(LocalStore(path.container, read_only=True), path.dataset)
+    return node is not None and (isinstance(node, zarr.Array) or _is_image(node))
+
+
+def remove_volume(path: VolumePath) -> None:
+    """Remove the array or OME-NGFF image group at ``path``; nothing else.
+
+    Does nothing when nothing is there.  Refuses a plain group that holds
+    arrays, since that would remove several datasets.
+    """
+    if not path.container.is_dir():
+        return
+    store = LocalStore(path.container)
+    node = _node(store, path.dataset)
+    if node is None:
+        return
+    if isinstance(node, zarr.Group) and not _is_image(node) and any(True for _ in node.members()):
+        raise InvalidOptionError(
+            f"{str(path)!r} is a zarr group holding {_list_volumes(store, path.dataset)}; "
+            f"blockpred removes one array or OME-NGFF image at a time, name one of them"
+        )
+    if not path.dataset:
+        shutil.rmtree(path.container)
+    else:
+        parent, _, name = path.dataset.rpartition("/")
+        del zarr.open_group(store, path=parent, mode="r+")[name]
+    log.info("removed zarr volume %s", path)
+
+
+def create_volume(
+    path: VolumePath,
+    *,
+    shape: tuple[int, ...],
+    chunk_shape: tuple[int, ...],
+    dtype: np.dtype,
+    compression: str,
+    voxel_size: tuple[float, ...] | None,
+    overwrite: bool,
+    zarr_format: int | None,
+    ome: bool,
+    fill_value,
+) -> ZarrVolume:
+    """Create the volume at ``path`` (see the module docstring) and open it ``r+``."""
+    existing_format = _container_format(path)
+    if existing_format is not None and zarr_format is not None and zarr_format != existing_format:
+        raise InvalidOptionError(
+            f"zarr_format must match the existing container: {str(path.container)!r} is zarr format "
+            f"{existing_format}, got zarr_format={zarr_format}; drop zarr_format or choose a new container"
+        )
+    fmt = existing_format or zarr_format or 3
+    store = LocalStore(path.container)
+    if path.dataset and isinstance(_node(store, ""), zarr.Array):
+        raise InvalidOptionError(
+            f"a dataset inside a zarr container needs a group at its root, but {str(path.container)!r} "
+            f"is an array; write to a new container or remove that one"
+        )
+    if _node(store, path.dataset) is not None:
+        if not overwrite:
+            raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
+        remove_volume(path)
+        store = LocalStore(path.container)
+    array_name = path.dataset
+    attributes: dict = {}
+    if ome:
+        zarr.create_group(
+            store, path=path.dataset, zarr_format=fmt, attributes=image_attributes(len(shape), voxel_size, fmt)
+        )
+        array_name = f"{path.dataset}/{SCALE_PATH}" if path.dataset else SCALE_PATH
+    elif voxel_size is not None:
+        attributes["resolution"] = list(voxel_size)
+    zarr.create_array(
+        store,
+        name=array_name,
+        shape=shape,
+        chunks=chunk_shape,
+        dtype=dtype,
+        compressors=_compressor(compression, fmt),
+        fill_value=fill_value,
+        zarr_format=fmt,
+        dimension_names=axis_names(len(shape)) if fmt == 3 else None,
+        attributes=attributes,
+    )
+    log.info("created zarr v%s volume %s shape=%s chunks=%s dtype=%s", fmt, path, shape, chunk_shape, dtype)
+    return ZarrVolume(path, "r+")
+
+
+def _compressor(name: str, zarr_format: int):
+    if name == "raw":
+        return None
+    if zarr_format == 3:
+        return {
+            "zstd": lambda: zarr.codecs.ZstdCodec(level=3),
+            "gzip": lambda: zarr.codecs.GzipCodec(level=5),
+            "blosc": lambda: zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+        }[name]()
+    return {
+        "zstd": lambda: numcodecs.Zstd(level=3),
+        "gzip": lambda: numcodecs.GZip(level=5),
+        "blosc": lambda: numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),
+    }[name]()
+
+
+def _container_format(path: VolumePath) -> int | None:
+    """The zarr format of the container's root node, or None when there is none."""
+    if (path.container / ".zgroup").exists() or (path.container / ".zarray").exists():
+        return 2
+    root = path.container / "zarr.json"
+    if root.exists():
+        return int(json.loads(root.read_text()).get("zarr_format", 3))
+    return None
+
+
+def _node(store: LocalStore, dataset: str) -> zarr.Array | zarr.Group | None:
+    """The array or group at ``dataset``, or None when there is neither."""
+    try:
+        return zarr.open(store=store, path=dataset, mode="r" if store.read_only else "r+")
+    except _NOT_FOUND:
+        return None
+
+
+def _is_image(group: zarr.Group) -> bool:
+    return find_multiscales(group.attrs.asdict()) is not None
+
+
+def _open_array(path: VolumePath, mode: str) -> tuple[zarr.Array, tuple[float, ...] | None]:
+    if not path.container.is_dir():
+        raise InputNotFoundError(f"no zarr container at {str(path.container)!r}; check the path")
+    store = LocalStore(path.container, read_only=mode == "r")
+    node = _node(store, path.dataset)
+    if node is None:
+        if not path.dataset:
+            raise InputNotFoundError(f"no zarr container at {str(path.container)!r}: it has no zarr metadata")
+        raise InputNotFoundError(
+            f"no dataset {path.dataset!r} in {str(path.container)!r}; it has: {_list_volumes(store)}"
+        )
+    if isinstance(node, zarr.Array):
+        return node, spatial_voxel_size(node.attrs.get("resolution"))
+    multiscales = find_multiscales(node.attrs.asdict())
+    if multiscales is None:
+        raise InputNotFoundError(
+            f"{str(path)!r} is a zarr group without OME-NGFF multiscales metadata; "
+            f"name one of its arrays: {_list_volumes(store, path.dataset)}"
+        )
+    try:
+        scale_path, voxel_size = first_scale(multiscales)
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise InvalidVolumeError(
+            f"OME-NGFF metadata of {str(path)!r} must name a first dataset with a scale; "
+            f"reading it failed: {error!r}"
+        ) from error
+    array = _node(store, f"{path.dataset}/{scale_path}" if path.dataset else scale_path)
+    if not isinstance(array, zarr.Array):
+        raise InvalidVolumeError(
+            f"OME-NGFF image {str(path)!r} names its first scale {scale_path!r}, but no array is there; "
+            f"repair or rewrite the image"
+        )
+    return array, voxel_size
+
+
+def _list_volumes(store: LocalStore, under: str = "") -> list[str]:
+    """Paths of the arrays and OME-NGFF images below ``under``, for error messages."""
+    found: list[str] = []
+
+    def walk(group: zarr.Group) -> None:
+        for _, node in sorted(group.members(), key=lambda item: item[0]):
+            name = node.path
+            if isinstance(node, zarr.Array) or _is_image(node):
+                found.append(name)
+            else:
+                walk(node)
+
+    try:
+        node = zarr.open_group(store=store, path=under, mode="r")
+    except (*_NOT_FOUND, zarr.errors.ContainsArrayError, ValueError):
+        return found
+    walk(node)
+    return found

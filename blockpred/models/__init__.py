@@ -1,0 +1,26 @@
+"""Networks and how to load them.
+
+* :mod:`.unet`: :class:`UNet3d`, the built-in 3D U-Net;
+* :mod:`.presets`: named UNet3d architectures with seeded weights and block/halo defaults;
+* :mod:`.inferno`: :class:`InfernoUNet`, loads weights trained with inferno's UNet;
+* :mod:`.loading`: :func:`load_model` turns ``--model``/``--weights`` into a :class:`LoadedModel`;
+* :mod:`.receptive`: :func:`receptive_radius` measures how much context a network sees.
+"""
+
+from .inferno import InfernoUNet
+from .loading import LoadedModel, load_model
+from .presets import PRESETS, Preset, build_preset, get_preset
+from .receptive import receptive_radius
+from .unet import UNet3d
+
+__all__ = [
+    "InfernoUNet",
+    "LoadedModel",
+    "PRESETS",
+    "Preset",
+    "UNet3d",
+    "build_preset",
+    "get_preset",
+    "load_model",
+    "receptive_radius",
+]

@@ -1,0 +1,100 @@
+"""Input normalisation and output conversion, each parsed once from a string.
+
+Normalisation (``--normalize``):
+
+* ``auto`` (default): integer dtypes are scaled to [0, 1] by the dtype's
+  maximum (uint8 / 255, uint16 / 65535, int16 / 32767 ...); floats pass unchanged.
+* ``none``: values are cast to float32 unchanged.
+* ``minmax:LO,HI``: ``(x - LO) / (HI - LO)``.
+* ``meanstd:M,S``: ``(x - M) / S``.
+
+Output conversion (``--output-dtype``): ``float32`` and ``float16`` keep the
+network's values; ``uint8`` maps [0, 1] to 0-255 (clipped, rounded), which
+suits probabilities and affinities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidOptionError
+
+
+@dataclass(frozen=True, slots=True)
+class Normalization:
+    kind: str  # "auto" | "none" | "minmax" | "meanstd"
+    a: float = 0.0
+    b: float = 1.0
+
+    @classmethod
+    def parse(cls, text: "str | Normalization") -> "Normalization":
+        if isinstance(text, Normalization):
+            return text
+        spec = str(text).strip().lower()
+        if spec in ("auto", "none"):
+            return cls(spec)
+        kind, _, args = spec.partition(":")
+        if kind in ("minmax", "meanstd"):
+            try:
+                a, b = (float(v) for v in args.split(","))
+            except ValueError:
+                raise InvalidOptionError(
+                    f"normalisation {text!r} needs two numbers: {kind}:{'LO,HI' if kind == 'minmax' else 'MEAN,STD'}"
+                ) from None
+            if kind == "minmax" and b == a:
+                raise InvalidOptionError(f"normalisation {text!r} needs HI != LO")
+            if kind == "meanstd" and b <= 0:
+                raise InvalidOptionError(f"normalisation {text!r} needs a positive standard deviation")
+            return cls(kind, a, b)
+        raise InvalidOptionError(
+            f"normalisation must be auto, none, minmax:LO,HI or meanstd:MEAN,STD, got {text!r}"
+        )
+
+    def scale_offset(self, dtype: np.dtype) -> tuple[float, float]:
+        """``(scale, offset)`` such that normalised = x * scale + offset, for input ``dtype``."""
+        dtype = np.dtype(dtype)
+        if self.kind == "auto":
+            if dtype.kind in "ui":
+                return 1.0 / float(np.iinfo(dtype).max), 0.0
+            return 1.0, 0.0
+        if self.kind == "none":
+            return 1.0, 0.0
+        if self.kind == "minmax":
+            scale = 1.0 / (self.b - self.a)
+            return scale, -self.a * scale
+        return 1.0 / self.b, -self.a / self.b
+
+    def apply(self, data: np.ndarray) -> np.ndarray:
+        """``data`` as normalised float32 (a new array)."""
+        scale, offset = self.scale_offset(data.dtype)
+        out = data.astype(np.float32)
+        if scale != 1.0:
+            out *= np.float32(scale)
+        if offset != 0.0:
+            out += np.float32(offset)
+        return out
+
+    def __str__(self) -> str:
+        if self.kind in ("auto", "none"):
+            return self.kind
+        return f"{self.kind}:{self.a:g},{self.b:g}"
+
+
+OUTPUT_DTYPES = ("float32", "float16", "uint8")
+
+
+def parse_output_dtype(text: str) -> np.dtype:
+    name = str(text).strip().lower()
+    if name not in OUTPUT_DTYPES:
+        raise InvalidOptionError(f"output dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {text!r}")
+    return np.dtype(name)
+
+
+def convert_output(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Network output (float) as ``dtype``; uint8 maps [0, 1] to 0-255."""
+    if dtype == np.uint8:
+        scaled = np.clip(values, 0.0, 1.0) * 255.0
+        return np.rint(scaled).astype(np.uint8)
+    return values.astype(dtype, copy=False)

@@ -1,0 +1,62 @@
+"""Reading a box that may reach past the volume edge, padded as ``numpy.pad`` would.
+
+:func:`read_padded` returns exactly ``numpy.pad(volume, pad, mode)[box]`` for
+any box and any pad width, but reads only the part of the volume it needs.
+This is what makes blockwise prediction equal the whole-volume prediction at
+the edges: every block sees the same padded values the whole volume would.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from .errors import InvalidOptionError
+from .geometry import Box, Coord
+from .io.base import Volume
+
+PadMode = Literal["reflect", "edge", "constant"]
+PAD_MODES: tuple[str, ...] = ("reflect", "edge", "constant")
+
+
+def source_indices(begin: int, end: int, size: int, mode: str) -> np.ndarray:
+    """For positions ``begin..end-1`` on an axis of length ``size``, the index each reads.
+
+    ``reflect`` mirrors without repeating the edge voxel (numpy's ``reflect``),
+    periodically, so a pad wider than the axis still matches ``numpy.pad``;
+    ``edge`` repeats the edge voxel; ``constant`` returns -1 outside.
+    """
+    positions = np.arange(begin, end, dtype=np.int64)
+    if mode == "edge" or (mode == "reflect" and size == 1):
+        return np.clip(positions, 0, size - 1)
+    if mode == "reflect":
+        period = 2 * (size - 1)
+        folded = np.mod(positions, period)
+        return np.where(folded >= size, period - folded, folded)
+    if mode == "constant":
+        return np.where((positions >= 0) & (positions < size), positions, -1)
+    raise InvalidOptionError(f"pad mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+
+
+def read_padded(volume: Volume, box: Box, mode: str = "reflect", constant: float = 0) -> np.ndarray:
+    """The data of ``box`` (spatial, may exceed the volume), padded by ``mode``.
+
+    Channels, when the volume has them, come first and are never padded.
+    """
+    whole = volume.box
+    if whole.contains(box):
+        return volume.read(box)
+    lead = volume.shape[:-3]
+    if mode == "constant":
+        out = np.full(lead + tuple(box.shape), constant, dtype=volume.dtype)
+        inside = box.intersect(whole)
+        if not inside.empty:
+            target = (slice(None),) * len(lead) + inside.relative_to(box.begin).to_slices()
+            out[target] = volume.read(inside)
+        return out
+    per_axis = [source_indices(b, e, n, mode) for b, e, n in zip(box.begin, box.end, whole.end)]
+    source = Box(Coord(int(i.min()) for i in per_axis), Coord(int(i.max()) + 1 for i in per_axis))
+    data = volume.read(source)
+    local = np.ix_(*[i - lo for i, lo in zip(per_axis, source.begin)])
+    return data[(slice(None),) * len(lead) + local]

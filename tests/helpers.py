@@ -1,0 +1,57 @@
+"""Plain helpers shared by the tests (import as ``from tests.helpers import ...``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.storage import LocalStore
+
+from blockpred.io import create_volume, parse_volume_path
+
+
+def write_test_volume(
+    path: str | Path,
+    data: np.ndarray,
+    chunks=None,
+    zarr_format: int = 3,
+    *,
+    voxel_size=None,
+) -> str:
+    """Write ``data`` as a plain volume (no OME-NGFF group) at ``path``; return the path.
+
+    (z, y, x) and (c, z, y, x) data go through :func:`create_volume` and work
+    for zarr (``vol.zarr[/name]``), N5 (``vol.n5/name``) and HDF5
+    (``file.h5:/name``).  Data of any other rank (to test that it is refused)
+    can only be written to zarr.  ``chunks`` is spatial (z, y, x), default up
+    to 64 per axis; ``zarr_format`` is used for zarr only.
+    """
+    vpath = parse_volume_path(path)
+    if data.ndim not in (3, 4):
+        if vpath.format != "zarr":
+            raise ValueError(f"only zarr test volumes may have {data.ndim} axes, got {path!r}")
+        array = zarr.create_array(
+            LocalStore(vpath.container),
+            name=vpath.dataset,
+            shape=data.shape,
+            chunks=data.shape if chunks is None else tuple(chunks),
+            dtype=data.dtype,
+            zarr_format=zarr_format,
+        )
+        array[...] = data
+        return str(path)
+    spatial_shape = data.shape[-3:]
+    chunk_shape = tuple(min(s, 64) for s in spatial_shape) if chunks is None else tuple(chunks)[-3:]
+    with create_volume(
+        path,
+        spatial_shape=spatial_shape,
+        num_channels=data.shape[0] if data.ndim == 4 else None,
+        dtype=data.dtype,
+        chunk_shape=chunk_shape,
+        voxel_size=voxel_size,
+        ome=False,
+        zarr_format=zarr_format if vpath.format == "zarr" else None,
+    ) as volume:
+        volume.write(volume.box, data)
+    return str(path)

@@ -1,0 +1,80 @@
+"""Every output chunk is written exactly once and never read back (no read-modify-write)."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import zarr
+from zarr.storage import LocalStore, WrapperStore
+
+from blockpred.blocking import plan_blocks
+from blockpred.geometry import Coord
+from blockpred.io import open_volume
+from blockpred.io.base import Volume, VolumePath
+from blockpred.models import load_model
+from blockpred.pipeline import PipelineSettings, Predictor, run_blocks
+from blockpred.network import probe_network
+from tests.helpers import write_test_volume
+
+import torch
+
+
+class CountingStore(WrapperStore):
+    """A zarr store that counts reads and writes per key (measurement by wrapping)."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.sets: Counter = Counter()
+        self.gets: Counter = Counter()
+
+    async def set(self, key, value):
+        self.sets[key] += 1
+        return await self._store.set(key, value)
+
+    async def get(self, key, prototype, byte_range=None):
+        self.gets[key] += 1
+        return await self._store.get(key, prototype, byte_range)
+
+
+class ArrayVolume(Volume):
+    """The Volume interface over a zarr array opened on any store."""
+
+    def __init__(self, array):
+        self._array = array
+        self.path = VolumePath("zarr", __import__("pathlib").Path("counted.zarr"))
+        self.shape, self.dtype, self.chunk_shape = array.shape, np.dtype(array.dtype), array.chunks
+
+    def _read(self, index):
+        return self._array[index]
+
+    def _write(self, index, data):
+        self._array[index] = data
+
+
+@pytest.mark.parametrize("batch_size, num_writers", [(1, 1), (3, 4)])
+def test_every_output_chunk_is_written_exactly_once(tmp_path, batch_size, num_writers):
+    rng = np.random.default_rng(0)
+    shape = (40, 70, 53)
+    source = open_volume(write_test_volume(str(tmp_path / "in.zarr"), rng.integers(0, 255, shape, dtype=np.uint8)))
+    store = CountingStore(LocalStore(str(tmp_path / "out.zarr")))
+    chunks = (8, 16, 16)
+    array = zarr.create_array(store=store, shape=(2,) + shape, chunks=(2,) + chunks, dtype="float32", fill_value=0)
+    sink = ArrayVolume(array)
+    store.sets.clear()
+    store.gets.clear()
+
+    model = load_model("tiny")
+    predictor = Predictor(model.module, torch.device("cpu"))
+    block, halo = Coord((16, 32, 32)), Coord((4, 4, 4))
+    geometry = probe_network(predictor, in_channels=1, block=block, halo=halo, downsampling=model.downsampling)
+    plan = plan_blocks(volume_shape=Coord(shape), block_shape=block, halo=halo, input_shape=geometry.input_shape,
+                       downsampling=model.downsampling, chunk_shape=Coord(chunks))
+    stats = run_blocks(plan, source=source, sink=sink, predictor=predictor,
+                       settings=PipelineSettings(batch_size=batch_size, num_writers=num_writers))
+
+    expected_chunks = {f"c/0/{z}/{y}/{x}" for z in range(5) for y in range(5) for x in range(4)}
+    chunk_sets = {k: n for k, n in store.sets.items() if k.startswith("c/")}
+    assert set(chunk_sets) == expected_chunks
+    assert set(chunk_sets.values()) == {1}, "a chunk was written more than once"
+    assert not [k for k in store.gets if k.startswith("c/")], "a chunk was read back (read-modify-write)"
+    assert stats.num_blocks == plan.num_blocks and stats.num_voxels == int(np.prod(shape))

@@ -1,0 +1,99 @@
+"""The command line: bad input gets one line, exit code 2, and no output on disk."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from blockpred.cli import main
+from tests.helpers import write_test_volume
+
+
+@pytest.fixture
+def volume(tmp_path):
+    rng = np.random.default_rng(0)
+    return write_test_volume(str(tmp_path / "vol.zarr/raw"), rng.integers(0, 255, (20, 32, 32), dtype=np.uint8))
+
+
+def _snapshot(root) -> dict:
+    """Every file under ``root`` with its size and modification time."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            st = os.stat(os.path.join(dirpath, name))
+            out[os.path.join(dirpath, name)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _bad_cases(tmp_path, volume):
+    rng = np.random.default_rng(1)
+    five_d = write_test_volume(str(tmp_path / "other.zarr/five"), rng.random((1, 1, 4, 4, 4)).astype(np.float32))
+    complex_vol = write_test_volume(str(tmp_path / "other.zarr/cplx"), np.zeros((4, 4, 4), dtype=np.complex64))
+    two_channels = write_test_volume(str(tmp_path / "other.zarr/two"), rng.random((2, 8, 8, 8)).astype(np.float32))
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"PK\x03\x04 this is not a model")
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"trainer": Evil()}, pickled)
+    existing = write_test_volume(str(tmp_path / "exists.zarr"), np.ones((4, 4, 4), dtype=np.float32))
+    return [
+        pytest.param([str(tmp_path / "missing.zarr")], "no zarr container", id="missing-input"),
+        pytest.param([str(tmp_path / "vol.zarr/nope")], "no dataset 'nope'", id="missing-dataset"),
+        pytest.param([five_d], "needs (z, y, x) or (c, z, y, x)", id="five-axes"),
+        pytest.param([complex_vol], "supported input dtypes", id="unsupported-dtype"),
+        pytest.param([volume, "--block", "0,16,16"], "block must be positive", id="zero-block"),
+        pytest.param([volume, "--halo", "-1"], "halo must be non-negative", id="negative-halo"),
+        pytest.param([volume, "--block", "15"], "not a multiple of the network's downsampling", id="block-vs-downsampling"),
+        pytest.param([volume, existing], "exists; pass --overwrite", id="existing-output"),
+        pytest.param([volume, volume + "/inside"], "inside the input array", id="output-inside-input"),
+        pytest.param([volume, "--model", str(tmp_path / "nope.pt")], "does not exist", id="missing-model"),
+        pytest.param([volume, "--model", str(corrupt)], "corrupt", id="corrupt-model"),
+        pytest.param([volume, "--model", str(pickled)], "--trust-pickle", id="pickle-without-trust"),
+        pytest.param([two_channels], "input channel", id="channel-mismatch"),
+        pytest.param([volume, "--roi", "0:10,0:10,0:500"], "inside the volume", id="roi-outside"),
+    ]
+
+
+def test_each_bad_input_gets_one_line_exit_2_and_leaves_no_output(tmp_path, volume, capsys):
+    for case in _bad_cases(tmp_path, volume):
+        args, expected = case.values
+        before = _snapshot(tmp_path)
+        code = main(["run", *args, "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2, f"{case.id}: exit {code}, stderr {err!r}"
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("blockpred: error: "), f"{case.id}: {err!r}"
+        assert expected in lines[0], f"{case.id}: {lines[0]!r} lacks {expected!r}"
+        assert "Traceback" not in err
+        assert _snapshot(tmp_path) == before, f"{case.id}: files changed on disk"
+        assert not (tmp_path / "pwned").exists(), "the pickle's code ran"
+
+
+def test_the_installed_command_exits_2_on_bad_input(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "blockpred", "run", str(tmp_path / "missing.zarr")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("blockpred: error: no zarr container")
+
+
+def test_run_writes_the_default_sibling_and_prints_a_summary(volume, capsys):
+    assert main(["run", volume, "--no-progress", "--block", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "Mvox/s" in out and out.strip().endswith("prediction")
+
+
+def test_overwrite_replaces_an_existing_output(volume, tmp_path, capsys):
+    target = str(tmp_path / "o.zarr")
+    assert main(["run", volume, target, "--no-progress", "--output-dtype", "uint8"]) == 0
+    assert main(["run", volume, target, "--no-progress"]) == 2
+    assert main(["run", volume, target, "--no-progress", "--overwrite"]) == 0
+    from blockpred.io import open_volume
+
+    assert open_volume(target).dtype == np.float32
