@@ -8,6 +8,7 @@ and leaves the disk as it was.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -127,11 +128,17 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     if target_path.format == "n5" and cfg.output_dtype.name == "float16":
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
 
-    source = open_volume(source_path)
+    with contextlib.ExitStack() as stack:
+        source = open_volume(source_path)
+        stack.callback(source.close)
+        return _predict_opened(cfg, source, source_path, target_path, stack)
+
+
+def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
+                    stack: contextlib.ExitStack) -> PredictionSummary:
     check_input_volume(source)
     if volume_exists(target_path) and not cfg.overwrite:
         raise OutputExistsError(f"output {str(target_path)!r} exists; pass --overwrite to replace it, or choose another path")
-
     roi = cfg.roi if cfg.roi is not None else source.box
     if roi.empty or not source.box.contains(roi):
         raise InvalidOptionError(f"ROI {roi} must be a non-empty box inside the volume {source.box}")
@@ -143,29 +150,14 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         raise ModelLoadError(
             f"network {model.name!r} takes {model.in_channels} input channel(s) but {source_path} has {in_channels}"
         )
-    downsampling = cfg.downsampling if cfg.downsampling is not None else model.downsampling
-    block = _choose_block(cfg, model.default_block, downsampling, roi.shape)
-    chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
-    halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
-    # Check block, halo, chunks and ROI before the (possibly slow) dry run.
-    plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
-                downsampling=downsampling, chunk_shape=chunks)
-
     predictor = Predictor(model.module, device, cfg.precision)
-    if model.padding == "valid" and cfg.halo is None and model.default_halo is None:
-        halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
-    geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
-                             first_input=_valid_input_hint(model, block + halo * 2))
-    if cfg.halo is None and model.default_halo is None and geometry.context != Coord((0, 0, 0)) and halo.prod():
-        halo = Coord((0, 0, 0))
-        geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+    plan, geometry, chunks = _plan(cfg, source, roi, model, predictor)
     channels = _check_channels(cfg.channels, geometry)
-    plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
-                       input_shape=geometry.input_shape, roi=roi, downsampling=downsampling, chunk_shape=chunks)
 
+    # Every check has passed: only now is anything written.
     if cfg.overwrite and volume_exists(target_path):
         remove_volume(target_path)
-    sink = create_volume(
+    sink = stack.enter_context(create_volume(
         target_path,
         spatial_shape=source.spatial_shape,
         num_channels=len(channels) if channels is not None else geometry.out_channels,
@@ -173,21 +165,42 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         chunk_shape=chunks,
         compression=cfg.compression,
         voxel_size=source.voxel_size,
-        overwrite=False,
-    )
+    ))
     settings = PipelineSettings(
         batch_size=cfg.batch_size, num_readers=cfg.num_readers, num_writers=cfg.num_writers,
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
     )
-    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s) on %s",
-                source_path, target_path, plan.num_blocks, tuple(block), tuple(plan.input_shape), tuple(halo), device)
+    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s) on %s", source_path, target_path,
+                plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo), device)
     with _progress(plan, enabled=cfg.progress) as on_block_done:
         stats = run_blocks(plan, source=source, sink=sink, predictor=predictor, settings=settings,
                            on_block_done=on_block_done)
-    source.close()
-    sink.close()
     return PredictionSummary(str(source_path), str(target_path), model.name, str(device), plan, stats)
+
+
+def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor) -> tuple[BlockPlan, NetworkGeometry, Coord]:
+    """Block, halo and chunks from the options and the model's defaults, checked, then the dry run."""
+    downsampling = cfg.downsampling if cfg.downsampling is not None else model.downsampling
+    block = _choose_block(cfg, model.default_block, downsampling, roi.shape)
+    chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
+    halo_defaulted = cfg.halo is None and model.default_halo is None
+    halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
+    if halo_defaulted and model.padding == "valid":
+        halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
+    # Check block, halo, chunks and ROI before the (possibly slow) dry run.
+    plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
+                downsampling=downsampling, chunk_shape=chunks)
+    in_channels = source.num_channels or 1
+    geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
+                             first_input=_valid_input_hint(model, block + halo * 2))
+    if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
+        # The dry run showed a valid network the model did not announce: drop the default halo.
+        halo = Coord((0, 0, 0))
+        geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+    plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
+                       input_shape=geometry.input_shape, roi=roi, downsampling=downsampling, chunk_shape=chunks)
+    return plan, geometry, chunks
 
 
 def _valid_input_hint(model, output_shape: Coord) -> Coord | None:

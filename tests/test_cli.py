@@ -97,3 +97,14 @@ def test_overwrite_replaces_an_existing_output(volume, tmp_path, capsys):
     from blockpred.io import open_volume
 
     assert open_volume(target).dtype == np.float32
+
+
+def test_demo_predicts_a_synthetic_volume_and_says_where_the_output_is(tmp_path, capsys):
+    assert main(["demo", "--dir", str(tmp_path / "demo"), "--shape", "32,64,64", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "Mvox/s" in out
+    from blockpred.io import open_volume
+
+    prediction = open_volume(str(tmp_path / "demo" / "volume.zarr" / "prediction"))
+    assert prediction.shape == (2, 32, 64, 64)
+    assert str(tmp_path / "demo" / "volume.zarr" / "prediction") in out

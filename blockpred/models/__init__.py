@@ -4,6 +4,8 @@
 * :mod:`.presets`: named UNet3d architectures with seeded weights and block/halo defaults;
 * :mod:`.inferno`: :class:`InfernoUNet`, loads weights trained with inferno's UNet;
 * :mod:`.loading`: :func:`load_model` turns ``--model``/``--weights`` into a :class:`LoadedModel`;
+* :mod:`.torchfile`: reads model files safely (never runs code from a file the user did not trust);
+* :mod:`.state_dicts`: recognises inferno UNet and UNet3d state dicts and builds the network they fit;
 * :mod:`.receptive`: :func:`receptive_radius` measures how much context a network sees.
 """
 
