@@ -93,7 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
     summary = predict(raw, model=args.model, device=args.device, overwrite=True)
     print(summary)
     print(f"input:  {raw}\noutput: {summary.output}  (zarr v3 + OME-NGFF: open it in napari or with zarr.open)")
-    print(f"the same from the command line: blockpred run {Path(raw).parent} --overwrite")
+    print(f"the same from the command line: blockpred run {raw} --overwrite")
     return 0
 
 

@@ -85,7 +85,7 @@ def run_blocks(
     """Predict ``blocks`` from ``source`` into ``sink``; returns when every write is done.
 
     A block that fails (read, network or write) raises :class:`BlockFailedError`
-    naming it, after the writes already under way have finished.
+    naming it, after the blocks already computed have been written.
     ``on_block_done(block)`` is called from a writer thread once the block's
     data is written.
     """
@@ -134,7 +134,7 @@ def run_blocks(
                     cropped = values[channel_index][(slice(None),) + block.output_crop.to_slices()]
                     writer.submit(block, convert_output(cropped, settings.output_dtype))
     except BaseException:
-        writer.abort()
+        writer.drain()
         raise
     writer.close()
     stats.seconds = time.perf_counter() - start

@@ -70,6 +70,10 @@ class BlockWriter:
         self._pool.shutdown(wait=True)
         self.raise_if_failed()
 
-    def abort(self) -> None:
-        """Drop writes not yet started, finish those running (so no chunk is left half-written)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def drain(self) -> None:
+        """After a failure elsewhere: finish the writes already submitted, without raising.
+
+        They are finished results (at most ``max_pending`` of them), so they are
+        written rather than dropped; no chunk is left half-written.
+        """
+        self._pool.shutdown(wait=True)

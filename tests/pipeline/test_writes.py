@@ -78,3 +78,32 @@ def test_every_output_chunk_is_written_exactly_once(tmp_path, batch_size, num_wr
     assert set(chunk_sets.values()) == {1}, "a chunk was written more than once"
     assert not [k for k in store.gets if k.startswith("c/")], "a chunk was read back (read-modify-write)"
     assert stats.num_blocks == plan.num_blocks and stats.num_voxels == int(np.prod(shape))
+
+
+class RaisesOnMarker(torch.nn.Module):
+    """Identity-like network that raises when its input holds the marker value 1.0 (uint8 255)."""
+
+    in_channels = 1
+
+    def forward(self, x):
+        if bool((x == 1.0).any()):
+            raise RuntimeError("marker voxel seen")
+        return x * 0.5
+
+
+def test_a_failing_block_is_named_and_the_blocks_before_it_are_written(tmp_path):
+    import blockpred
+    from blockpred.errors import BlockFailedError
+
+    data = np.full((32, 32, 32), 102, dtype=np.uint8)
+    data[20, 20, 20] = 255  # inside block (1, 1, 1) of 16^3 blocks, 4 voxels from its edges
+    path = write_test_volume(str(tmp_path / "in.zarr"), data)
+    out = str(tmp_path / "out.zarr")
+    with pytest.raises(BlockFailedError, match=r"block\(s\) \(1, 1, 1\): marker voxel seen") as info:
+        blockpred.predict(path, out, model=RaisesOnMarker(), block=16, halo=2, progress=False, num_writers=1)
+    assert tuple(info.value.block_index) == (1, 1, 1)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    written = open_volume(out)
+    values = written.read(written.box)[0]
+    assert np.allclose(values[:16, :16, :16], 0.2) and np.allclose(values[:16, 16:, 16:], 0.2)
+    assert not values[16:, 16:, 16:].any(), "the failed block must leave its chunk unwritten"
