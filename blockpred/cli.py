@@ -52,11 +52,18 @@ _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling"
              "output_chunks", "channels", "compression", "overwrite", "progress")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line like every other bad input (exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"blockpred: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="blockpred", description="Blockwise 3D U-Net prediction for large volumes.")
+    parser = _Parser(prog="blockpred", description="Blockwise 3D U-Net prediction for large volumes.")
     parser.add_argument("--version", action="version", version=f"blockpred {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="predict a volume", description="Predict INPUT block by block into OUTPUT.")
     run.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset or file.h5:/dataset")

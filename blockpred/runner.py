@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -102,13 +103,15 @@ def default_chunks(block: Coord, limit: int = MAX_DEFAULT_CHUNK) -> Coord:
 
 
 def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord) -> Coord:
+    """The block the options name; else the model's default (or 64^3), no larger than the ROI needs."""
     if config.block is not None:
         return config.block
     block = model_block if model_block is not None else DEFAULT_BLOCK
-    # Not larger than the ROI needs: a small volume gets one small block, not mostly padding.
-    fitted = roi_shape.ceil_div(downsampling) * downsampling
-    block = block.minimum(fitted)
-    return block.ceil_div(downsampling) * downsampling
+    step = downsampling
+    if config.output_chunks is not None:
+        step = Coord(math.lcm(a, b) for a, b in zip(downsampling, config.output_chunks))
+    # A small volume gets one small block rather than one mostly made of padding.
+    return block.minimum(roi_shape).ceil_div(step) * step
 
 
 def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *,

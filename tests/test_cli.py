@@ -108,3 +108,23 @@ def test_demo_predicts_a_synthetic_volume_and_says_where_the_output_is(tmp_path,
     prediction = open_volume(str(tmp_path / "demo" / "volume.zarr" / "prediction"))
     assert prediction.shape == (2, 32, 64, 64)
     assert str(tmp_path / "demo" / "volume.zarr" / "prediction") in out
+
+
+def test_a_malformed_flag_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "x.zarr", "--precision", "fp64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "invalid choice: 'fp64'" in err[0]
+
+
+@pytest.mark.parametrize("name", ["tiny", "cremi2018", "unet32"])
+def test_the_shipped_config_files_parse_and_name_their_preset(name):
+    from pathlib import Path
+
+    from blockpred.config import make_config
+    from blockpred.models import get_preset
+
+    cfg = make_config(Path(__file__).parent.parent / "configs" / f"{name}.yaml")
+    preset = get_preset(name)
+    assert cfg.model == name and cfg.block == preset.default_block and cfg.halo == preset.default_halo
+    assert cfg.block.is_multiple_of(cfg.output_chunks or cfg.block)

@@ -77,12 +77,14 @@ class Predictor:
                 on_device = host.to(self.device, non_blocking=True)
                 uploaded = torch.cuda.Event()
                 uploaded.record(self._copy_stream)
-            torch.cuda.current_stream(self.device).wait_event(uploaded)
+            compute_stream = torch.cuda.current_stream(self.device)
+            compute_stream.wait_event(uploaded)
+            on_device.record_stream(compute_stream)  # allocated on the copy stream, used on this one
             with self._autocast():
                 result = _as_tensor(self.module(on_device)).float()
             out = torch.empty(result.shape, dtype=torch.float32, pin_memory=True)
             out.copy_(result, non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
+            compute_stream.synchronize()
             return out.numpy()
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
