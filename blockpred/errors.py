@@ -48,3 +48,13 @@ class BlockFailedError(RuntimeError):
     def __init__(self, block_index, message: str):
         super().__init__(message)
         self.block_index = block_index
+        self.failed = [block_index]  # every failed block's index, when several failed
+
+    def __reduce__(self):  # picklable across dask workers, with the fields above
+        return (_rebuild_block_failed, (self.block_index, self.args[0], self.failed))
+
+
+def _rebuild_block_failed(block_index, message, failed):
+    error = BlockFailedError(block_index, message)
+    error.failed = failed
+    return error

@@ -18,13 +18,14 @@ def prefetch(
     *,
     num_threads: int,
     depth: int,
-) -> Iterator[tuple[Block, np.ndarray]]:
-    """Yield ``(block, read(block))`` in the order of ``blocks``.
+) -> Iterator[tuple[Block, np.ndarray | None, BlockFailedError | None]]:
+    """Yield ``(block, read(block), None)`` in the order of ``blocks``.
 
     At most ``depth`` blocks are read (or being read) ahead of the consumer, so
-    memory stays bounded whatever the number of blocks.  A failed read raises
-    :class:`BlockFailedError` naming the block.  Closing the generator cancels
-    the reads not yet started and waits for those running.
+    memory stays bounded whatever the number of blocks.  A failed read yields
+    ``(block, None, error)``, the error naming the block, and reading goes on.
+    Closing the generator cancels the reads not yet started and waits for those
+    running.
     """
     depth = max(depth, 1)
     pending: deque[tuple[Block, Future]] = deque()
@@ -43,11 +44,12 @@ def prefetch(
         while pending:
             block, future = pending.popleft()
             try:
-                data = future.result()
+                data, error = future.result(), None
             except Exception as err:
-                raise BlockFailedError(block.index, f"reading {block} failed: {err}") from err
+                data, error = None, BlockFailedError(block.index, f"reading {block} failed: {err}")
+                error.__cause__ = err
             refill()
-            yield block, data
+            yield block, data, error
     finally:
         for _, future in pending:
             future.cancel()

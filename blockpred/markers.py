@@ -1,0 +1,155 @@
+"""Done markers: which blocks of a run are finished, kept beside the output.
+
+A run writes, before any block, a small zarr v3 group beside the output
+container (``vol.zarr/prediction`` -> ``vol.zarr.blockpred/prediction``,
+``f.h5:/pred`` -> ``f.h5.blockpred/pred``) holding
+
+* the run's *fingerprint* (attributes): everything that decides the output's
+  values and layout -- input, model weights, block grid, halo, normalisation,
+  output dtype ...;
+* two arrays over the block grid, ``done`` and ``skipped``, one chunk per block,
+  so workers in different processes mark blocks without ever touching the same
+  file.  A block is marked only after its data is written.
+
+Re-running the same command reads the markers and skips finished blocks; a run
+whose fingerprint differs is refused with the list of what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import zarr
+
+from .blocking import Block, BlockPlan
+from .geometry import Coord
+from .io.base import VolumePath
+
+_ROOT_NAME = "_root"
+
+
+def markers_path(target: VolumePath) -> Path:
+    """Where the markers of an output live: beside its container, named after its dataset."""
+    container = Path(os.path.abspath(target.container))
+    return container.with_name(container.name + ".blockpred") / (target.dataset or _ROOT_NAME)
+
+
+def describe_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``["halo (10, 10, 10) -> (8, 8, 8)", ...]`` for every key whose value differs."""
+    changes = []
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            changes.append(f"{key} {_show(before.get(key))} -> {_show(now.get(key))}")
+    return changes
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return "(" + ", ".join(_show(v) for v in value) + ")"
+    if isinstance(value, str) and len(value) > 16 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]  # a hash: its start is enough to tell two apart
+    return str(value)
+
+
+def as_json(value: Any) -> Any:
+    """A fingerprint value in the plain form JSON stores (tuples become lists)."""
+    return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, (tuple, Coord)) else str(v)))
+
+
+@dataclass(frozen=True)
+class DoneMarkers:
+    """The markers of one output; cheap to pickle (it holds paths and the grid only)."""
+
+    path: Path
+    grid_begin: Coord
+    grid_shape: Coord
+
+    # ----------------------------------------------------------------- life cycle
+    @classmethod
+    def create(cls, path: Path, plan: BlockPlan, fingerprint: Mapping[str, Any]) -> "DoneMarkers":
+        if path.exists():
+            shutil.rmtree(path)
+        group = zarr.open_group(str(path), mode="w", zarr_format=3)
+        group.attrs["blockpred"] = {"fingerprint": as_json(fingerprint),
+                                    "grid_begin": list(plan.grid_begin), "grid_shape": list(plan.grid_shape)}
+        for name in ("done", "skipped"):
+            group.create_array(name, shape=tuple(plan.grid_shape), chunks=(1, 1, 1), dtype="uint8", fill_value=0)
+        return cls(path, plan.grid_begin, plan.grid_shape)
+
+    @classmethod
+    def open(cls, path: Path) -> "DoneMarkers | None":
+        """The markers at ``path``, or None when there are none (or they are unreadable)."""
+        if not (path / "zarr.json").is_file():
+            return None
+        try:
+            meta = zarr.open_group(str(path), mode="r").attrs["blockpred"]
+            return cls(path, Coord(meta["grid_begin"]), Coord(meta["grid_shape"]))
+        except (KeyError, ValueError, TypeError, FileNotFoundError):
+            return None
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(zarr.open_group(str(self.path), mode="r").attrs["blockpred"]["fingerprint"])
+
+    @staticmethod
+    def remove(path: Path) -> None:
+        if path.exists():
+            shutil.rmtree(path)
+        parent = path.parent
+        if parent.name.endswith(".blockpred") and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+
+    # ----------------------------------------------------------------- marking
+    def _key(self, name: str, block: Block) -> Path:
+        rel = block.index - self.grid_begin
+        return self.path / name / "c" / str(rel[0]) / str(rel[1]) / str(rel[2])
+
+    def _mark(self, name: str, block: Block) -> None:
+        rel = block.index - self.grid_begin
+        array = zarr.open_array(str(self.path / name), mode="r+")
+        array[rel[0], rel[1], rel[2]] = 1
+
+    def mark_done(self, block: Block) -> None:
+        """Record that ``block``'s data is written (call only after the write)."""
+        self._mark("done", block)
+
+    def mark_skipped(self, block: Block) -> None:
+        """Record that ``block`` needs no network (masked out or empty)."""
+        self._mark("skipped", block)
+
+    def is_finished(self, block: Block) -> bool:
+        return self._key("done", block).exists() or self._key("skipped", block).exists()
+
+    # ----------------------------------------------------------------- counting
+    def _listed(self, name: str) -> set[Coord]:
+        root = self.path / name / "c"
+        found = set()
+        for dirpath, _, files in os.walk(root):
+            rel = Path(dirpath).relative_to(root).parts
+            if len(rel) == 2:
+                found.update(self.grid_begin + Coord((int(rel[0]), int(rel[1]), int(f))) for f in files)
+        return found
+
+    def done_indices(self) -> set[Coord]:
+        """Grid indices of the blocks marked done (by listing, without reading every chunk)."""
+        return self._listed("done")
+
+    def skipped_indices(self) -> set[Coord]:
+        return self._listed("skipped")
+
+    def finished_indices(self) -> set[Coord]:
+        return self.done_indices() | self.skipped_indices()
+
+
+def unfinished(blocks: Iterable[Block], markers: DoneMarkers) -> list[Block]:
+    """The blocks of ``blocks`` that are neither done nor skipped."""
+    finished = markers.finished_indices()
+    return [b for b in blocks if b.index not in finished]
+
+
+__all__ = ["DoneMarkers", "markers_path", "describe_changes", "unfinished", "as_json"]
