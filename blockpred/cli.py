@@ -37,6 +37,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--readers", dest="num_readers", type=int, help="reader threads [2]")
     g.add_argument("--writers", dest="num_writers", type=int, help="writer threads [2]")
     g.add_argument("--prefetch", type=int, help="blocks read ahead of the device [4]")
+    g = parser.add_argument_group("workers (dask)")
+    g.add_argument("--workers", type=int, help="local workers [one per visible GPU, else 1]")
+    g.add_argument("--scheduler", help="address of a running dask scheduler to join (multi-node)")
+    g.add_argument("--local", action="store_true", default=None, help="run in this process, without dask")
+    g.add_argument("--retries", type=int, help="retries of a failed task [2]")
+    g.add_argument("--skip-empty", action="store_true", default=None,
+                   help="skip blocks whose input is all one value (left at the fill value)")
     g = parser.add_argument_group("input and output")
     g.add_argument("--normalize", help="auto, none, minmax:LO,HI or meanstd:MEAN,STD [auto]")
     g.add_argument("--output-dtype", choices=("float32", "float16", "uint8"), help="[float32]")
@@ -49,7 +56,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
-             "output_chunks", "channels", "compression", "overwrite", "progress")
+             "output_chunks", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
+             "retries", "skip_empty")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -70,6 +70,16 @@ class RunConfig:
     prefetch: int = 4
     overwrite: bool = False
     progress: bool = True
+    #: Run in this process, without dask (for debugging; one device).
+    local: bool = False
+    #: Local dask workers: one per visible GPU by default, else one CPU worker.
+    workers: int | None = None
+    #: Address of a running dask scheduler to join instead of starting a local cluster.
+    scheduler: str | None = None
+    #: How often a failed task (and so its failed blocks) is retried.
+    retries: int = 2
+    #: Skip blocks whose input is all one value (they are left at the fill value).
+    skip_empty: bool = False
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -146,8 +156,12 @@ def _normalise(name: str, value: Any) -> Any:
         if str(value) not in PAD_MODES:
             raise InvalidOptionError(f"pad_mode must be one of {', '.join(PAD_MODES)}, got {value!r}")
         return str(value)
-    if name in ("batch_size", "num_readers", "num_writers", "prefetch"):
+    if name in ("batch_size", "num_readers", "num_writers", "prefetch", "workers"):
         return _positive_int(value, name)
+    if name == "retries":
+        if isinstance(value, bool) or not str(value).isdigit():
+            raise InvalidOptionError(f"retries must be a non-negative integer, got {value!r}")
+        return int(value)
     if name == "channels":
         items = value.split(",") if isinstance(value, str) else value
         try:
@@ -158,7 +172,7 @@ def _normalise(name: str, value: Any) -> Any:
         if not isinstance(value, Mapping):
             raise InvalidOptionError(f"model_kwargs must be a mapping, got {value!r}")
         return dict(value)
-    if name in ("trust_pickle", "overwrite", "progress"):
+    if name in ("trust_pickle", "overwrite", "progress", "local", "skip_empty"):
         return bool(value)
     if name == "pad_value":
         return float(value)
@@ -167,7 +181,7 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "model":
         # A name or path; the Python API also takes a torch.nn.Module as it is.
         return str(value) if isinstance(value, (str, os.PathLike)) else value
-    if name in ("weights", "device"):
+    if name in ("weights", "device", "scheduler"):
         return str(value)
     return value
 

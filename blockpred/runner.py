@@ -12,14 +12,15 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .blocking import Block, BlockPlan, plan_blocks
 from .config import RunConfig, make_config
-from .errors import InvalidOptionError, ModelLoadError, OutputExistsError
+from .errors import BlockFailedError, InvalidOptionError, ModelLoadError, OutputExistsError
 from .geometry import Coord
 from .io import (
     VolumePath,
@@ -30,9 +31,10 @@ from .io import (
     remove_volume,
     volume_exists,
 )
-from .models import load_model
+from .job import Job, ModelSpec, run_job
+from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .network import NetworkGeometry, probe_network
-from .pipeline import PipelineSettings, Predictor, RunStats, resolve_device, run_blocks
+from .pipeline import PipelineSettings, Predictor, RunStats, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ class PredictionSummary:
     device: str
     plan: BlockPlan
     stats: RunStats
+    #: Blocks found already finished (done or skipped) by an earlier run, so not run again.
+    num_resumed: int = 0
+    #: Per dask worker: name -> WorkerSummary; empty for an in-process (``local``) run.
+    workers: dict = field(default_factory=dict)
 
     @property
     def mvox_per_s(self) -> float:
@@ -61,10 +67,20 @@ class PredictionSummary:
 
     def __str__(self) -> str:
         s = self.stats
-        return (
-            f"predicted {s.num_voxels / 1e6:.1f} Mvox in {s.num_blocks} blocks in {s.seconds:.2f} s "
+        lines = []
+        for w in self.workers.values():
+            lines.append(f"  worker {w.name} on {w.device}: {w.num_blocks} blocks, {w.mvox_per_s:.2f} Mvox/s")
+        extra = []
+        if self.num_resumed:
+            extra.append(f"{self.num_resumed} already done")
+        if s.num_skipped:
+            extra.append(f"{s.num_skipped} skipped")
+        more = f" ({', '.join(extra)})" if extra else ""
+        lines.append(
+            f"predicted {s.num_voxels / 1e6:.1f} Mvox in {s.num_blocks} blocks{more} in {s.seconds:.2f} s "
             f"({s.mvox_per_s:.2f} Mvox/s) with {self.model} on {self.device} -> {self.output}"
         )
+        return "\n".join(lines)
 
 
 def default_output_path(source: VolumePath) -> VolumePath:
@@ -140,14 +156,20 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
 def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
                     stack: contextlib.ExitStack) -> PredictionSummary:
     check_input_volume(source)
-    if volume_exists(target_path) and not cfg.overwrite:
+    exists = volume_exists(target_path)
+    markers_at = markers_path(target_path)
+    previous = DoneMarkers.open(markers_at) if exists else None
+    if exists and not cfg.overwrite and previous is None:
         raise OutputExistsError(f"output {str(target_path)!r} exists; pass --overwrite to replace it, or choose another path")
     roi = cfg.roi if cfg.roi is not None else source.box
     if roi.empty or not source.box.contains(roi):
         raise InvalidOptionError(f"ROI {roi} must be a non-empty box inside the volume {source.box}")
+    if cfg.local and (cfg.workers or cfg.scheduler):
+        raise InvalidOptionError("--local runs in this process; it cannot be combined with --workers or --scheduler")
 
     device = resolve_device(cfg.device)
-    model = load_model(cfg.model, weights=cfg.weights, model_kwargs=cfg.model_kwargs, trust_pickle=cfg.trust_pickle)
+    spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+    model = spec.load()
     in_channels = source.num_channels or 1
     if model.in_channels is not None and model.in_channels != in_channels:
         raise ModelLoadError(
@@ -156,30 +178,92 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
     predictor = Predictor(model.module, device, cfg.precision)
     plan, geometry, chunks = _plan(cfg, source, roi, model, predictor)
     channels = _check_channels(cfg.channels, geometry)
-
-    # Every check has passed: only now is anything written.
-    if cfg.overwrite and volume_exists(target_path):
-        remove_volume(target_path)
-    sink = stack.enter_context(create_volume(
-        target_path,
-        spatial_shape=source.spatial_shape,
-        num_channels=len(channels) if channels is not None else geometry.out_channels,
-        dtype=cfg.output_dtype,
-        chunk_shape=chunks,
-        compression=cfg.compression,
-        voxel_size=source.voxel_size,
-    ))
     settings = PipelineSettings(
         batch_size=cfg.batch_size, num_readers=cfg.num_readers, num_writers=cfg.num_writers,
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
     )
-    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s) on %s", source_path, target_path,
-                plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo), device)
-    with _progress(plan, enabled=cfg.progress) as on_block_done:
-        stats = run_blocks(plan, source=source, sink=sink, predictor=predictor, settings=settings,
-                           on_block_done=on_block_done)
-    return PredictionSummary(str(source_path), str(target_path), model.name, str(device), plan, stats)
+    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, chunks, channels))
+    if previous is not None and not cfg.overwrite:
+        changes = describe_changes(previous.fingerprint, fingerprint)
+        if changes:
+            raise OutputExistsError(
+                f"output {str(target_path)!r} was made with other settings ({'; '.join(changes)}); "
+                f"pass --overwrite to start again, or choose another output"
+            )
+        markers = previous  # resume: finished blocks are skipped
+    else:
+        # Every check has passed: only now is anything written.  Markers first, so an
+        # output without markers is never one of ours half-made.
+        if exists:
+            remove_volume(target_path)
+        markers = DoneMarkers.create(markers_at, plan, fingerprint)
+        stack.enter_context(create_volume(
+            target_path,
+            spatial_shape=source.spatial_shape,
+            num_channels=len(channels) if channels is not None else geometry.out_channels,
+            dtype=cfg.output_dtype,
+            chunk_shape=chunks,
+            compression=cfg.compression,
+            voxel_size=source.voxel_size,
+        ))
+    job = Job(source_path, target_path, markers, plan, settings, spec, device=cfg.device,
+              precision=cfg.precision, skip_empty=cfg.skip_empty)
+    num_resumed = len(markers.finished_indices())
+    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s), %d already done", source_path, target_path,
+                plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo), num_resumed)
+    workers: dict = {}
+    with _progress(plan.num_blocks - num_resumed, enabled=cfg.progress) as on_voxels:
+        if cfg.local or num_resumed == plan.num_blocks:
+            stats = _run_local(job, predictor, cfg.retries, on_voxels)
+            where = str(device)
+        else:
+            stats, workers = _run_on_dask(job, cfg, on_voxels)
+            where = ", ".join(sorted({w.device for w in workers.values()})) or str(device)
+    return PredictionSummary(str(source_path), str(target_path), model.name, where, plan, stats,
+                             num_resumed=num_resumed, workers=workers)
+
+
+def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, chunks: Coord,
+                 channels) -> dict:
+    """Everything that decides the output's values and layout (see :mod:`blockpred.markers`)."""
+    return {
+        "input": os.path.abspath(str(source_path)), "input_shape": source.shape, "input_dtype": str(source.dtype),
+        "model": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
+        "model_weights": model.weights_sha256, "model_kwargs": dict(cfg.model_kwargs),
+        "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
+        "network_input": plan.input_shape, "context": plan.context,
+        "normalize": str(cfg.normalize), "pad_mode": cfg.pad_mode, "pad_value": cfg.pad_value,
+        "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": chunks,
+        "channels": channels, "skip_empty": cfg.skip_empty,
+    }
+
+
+def _run_local(job: Job, predictor: Predictor, retries: int, on_voxels) -> RunStats:
+    """The job in this process; failed blocks are retried ``retries`` times."""
+    def done(block: Block) -> None:
+        if on_voxels is not None:
+            on_voxels(block.write_box.size)
+
+    for attempt in range(retries + 1):
+        try:
+            return run_job(job, job.blocks(), predictor, on_block_done=done)
+        except BlockFailedError as err:
+            if attempt == retries:
+                raise
+            logger.warning("%d block(s) failed (%s); retrying them (%d of %d)", len(err.failed), err, attempt + 1, retries)
+    raise AssertionError("unreachable")
+
+
+def _run_on_dask(job: Job, cfg: RunConfig, on_voxels) -> tuple[RunStats, dict]:
+    from .scheduler import run_distributed
+
+    def dashboard(link: str) -> None:
+        print(f"blockpred: dask dashboard at {link}", file=sys.stderr)
+
+    result = run_distributed(job, num_workers=cfg.workers, scheduler_address=cfg.scheduler, retries=cfg.retries,
+                             on_voxels=on_voxels, on_dashboard=dashboard)
+    return result.stats, result.workers
 
 
 def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor) -> tuple[BlockPlan, NetworkGeometry, Coord]:
@@ -226,10 +310,10 @@ def _check_channels(channels: tuple[int, ...] | None, geometry: NetworkGeometry)
 
 
 class _progress:
-    """A tqdm bar over blocks with Mvox/s; a no-op when disabled."""
+    """A tqdm bar over blocks with Mvox/s; a no-op when disabled.  Called with each block's voxels."""
 
-    def __init__(self, plan: BlockPlan, enabled: bool):
-        self._plan = plan
+    def __init__(self, num_blocks: int, enabled: bool):
+        self._num_blocks = num_blocks
         self._enabled = enabled
         self._bar = None
         self._voxels = 0
@@ -240,12 +324,12 @@ class _progress:
             return None
         from tqdm.auto import tqdm
 
-        self._bar = tqdm(total=self._plan.num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
+        self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
         return self._update
 
-    def _update(self, block: Block) -> None:
+    def _update(self, voxels: int) -> None:
         with self._lock:
-            self._voxels += block.write_box.size
+            self._voxels += voxels
             elapsed = max(self._bar.format_dict["elapsed"], 1e-9)
             self._bar.set_postfix_str(f"{self._voxels / elapsed / 1e6:.2f} Mvox/s", refresh=False)
             self._bar.update(1)

@@ -65,7 +65,7 @@ def test_each_bad_input_gets_one_line_exit_2_and_leaves_no_output(tmp_path, volu
     for case in _bad_cases(tmp_path, volume):
         args, expected = case.values
         before = _snapshot(tmp_path)
-        code = main(["run", *args, "--no-progress"])
+        code = main(["run", *args, "--no-progress", "--local"])
         err = capsys.readouterr().err
         assert code == 2, f"{case.id}: exit {code}, stderr {err!r}"
         lines = err.strip().splitlines()
@@ -84,16 +84,17 @@ def test_the_installed_command_exits_2_on_bad_input(tmp_path):
 
 
 def test_run_writes_the_default_sibling_and_prints_a_summary(volume, capsys):
-    assert main(["run", volume, "--no-progress", "--block", "16"]) == 0
+    assert main(["run", volume, "--no-progress", "--block", "16", "--local"]) == 0
     out = capsys.readouterr().out
     assert "Mvox/s" in out and out.strip().endswith("prediction")
 
 
 def test_overwrite_replaces_an_existing_output(volume, tmp_path, capsys):
     target = str(tmp_path / "o.zarr")
-    assert main(["run", volume, target, "--no-progress", "--output-dtype", "uint8"]) == 0
-    assert main(["run", volume, target, "--no-progress"]) == 2
-    assert main(["run", volume, target, "--no-progress", "--overwrite"]) == 0
+    assert main(["run", volume, target, "--no-progress", "--output-dtype", "uint8", "--local"]) == 0
+    assert main(["run", volume, target, "--no-progress", "--local"]) == 2
+    assert "output_dtype uint8 -> float32" in capsys.readouterr().err
+    assert main(["run", volume, target, "--no-progress", "--overwrite", "--local"]) == 0
     from blockpred.io import open_volume
 
     assert open_volume(target).dtype == np.float32

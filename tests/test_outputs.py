@@ -22,7 +22,7 @@ def em_volume(tmp_path):
 def test_a_zarr_v3_prediction_is_an_ome_0_5_image_readable_by_zarr_and_tensorstore(tmp_path, em_volume):
     path, _ = em_volume
     out = str(tmp_path / "pred.zarr")
-    blockpred.predict(path, out, block=16, halo=4, output_dtype="uint8", progress=False)
+    blockpred.predict(path, out, block=16, halo=4, output_dtype="uint8", progress=False, local=True)
     group = zarr.open_group(out, mode="r")
     image = ome_zarr_models.v05.Image.from_zarr(group)
     multiscale = image.ome_attributes.multiscales[0]
@@ -41,7 +41,7 @@ def test_an_n5_prediction_opens_with_tensorstore_in_z_y_x_order(tmp_path):
     rng = np.random.default_rng(1)
     data = rng.integers(0, 255, (12, 20, 28), dtype=np.uint8)
     path = write_test_volume(str(tmp_path / "in.n5/raw"), data)
-    summary = blockpred.predict(path, block=(4, 8, 12), halo=2, output_chunks=(4, 8, 4), progress=False)
+    summary = blockpred.predict(path, block=(4, 8, 12), halo=2, output_chunks=(4, 8, 4), progress=False, local=True)
     assert summary.output == str(tmp_path / "in.n5/prediction")
     store = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": summary.output}}).result()
     on_disk = store.read().result()  # N5 order: x, y, z, c
@@ -55,7 +55,7 @@ def test_an_hdf5_prediction_goes_into_the_input_file(tmp_path):
 
     rng = np.random.default_rng(2)
     path = write_test_volume(str(tmp_path / "f.h5:/raw"), rng.integers(0, 255, (8, 16, 16), dtype=np.uint8))
-    summary = blockpred.predict(path, block=8, halo=2, progress=False)
+    summary = blockpred.predict(path, block=8, halo=2, progress=False, local=True)
     assert summary.output == f"{tmp_path / 'f.h5'}:/prediction"
     with h5py.File(tmp_path / "f.h5", "r") as f:
         assert f["prediction"].shape == (2, 8, 16, 16) and f["raw"].shape == (8, 16, 16)
@@ -66,8 +66,8 @@ def test_an_hdf5_prediction_goes_into_the_input_file(tmp_path):
 @pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("bf16", 2e-2), ("fp16", 5e-3)])
 def test_cuda_output_matches_cpu_output(tmp_path, em_volume, precision, tolerance):
     path, _ = em_volume
-    cpu = blockpred.predict(path, str(tmp_path / "cpu.zarr"), block=16, halo=10, device="cpu", progress=False)
+    cpu = blockpred.predict(path, str(tmp_path / "cpu.zarr"), block=16, halo=10, device="cpu", progress=False, local=True)
     gpu = blockpred.predict(path, str(tmp_path / "gpu.zarr"), block=16, halo=10, device="cuda",
-                            precision=precision, batch_size=2, progress=False)
+                            precision=precision, batch_size=2, progress=False, local=True)
     a, b = open_volume(cpu.output), open_volume(gpu.output)
     assert np.abs(a.read(a.box) - b.read(b.box)).max() <= tolerance

@@ -1,0 +1,87 @@
+"""A job: everything a worker needs to run some blocks of one prediction.
+
+A :class:`Job` is small and picklable (paths, the block plan, settings and how
+to load the model -- never arrays, never a loaded network), so the same job
+goes to the in-process runner and to every dask worker.  :func:`run_job` is the
+one way blocks are run: it skips blocks already marked finished, runs the
+pipeline of :mod:`blockpred.pipeline` over the rest, and marks each block done
+only after its data is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from .blocking import Block, BlockPlan
+from .io import open_volume
+from .io.base import VolumePath
+from .markers import DoneMarkers
+from .models import LoadedModel, load_model
+from .pipeline import PipelineSettings, Predictor, RunStats, resolve_device, run_blocks
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to load the network: what ``--model``, ``--weights`` ... said (or a module)."""
+
+    model: Any
+    weights: str | None = None
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    trust_pickle: bool = False
+
+    def load(self) -> LoadedModel:
+        return load_model(self.model, weights=self.weights, model_kwargs=self.model_kwargs,
+                          trust_pickle=self.trust_pickle)
+
+
+@dataclass(frozen=True)
+class Job:
+    source: VolumePath
+    target: VolumePath
+    markers: DoneMarkers
+    plan: BlockPlan
+    settings: PipelineSettings
+    model: ModelSpec
+    device: str = "auto"
+    precision: str = "fp32"
+    #: Skip blocks whose input is all one value.
+    skip_empty: bool = False
+
+    def make_predictor(self, device: str | None = None) -> Predictor:
+        """Load the model and put it on ``device`` (default: the job's)."""
+        return Predictor(self.model.load().module, resolve_device(device or self.device), self.precision)
+
+    def blocks(self, block_ids: Iterable[int] | None = None) -> list[Block]:
+        ids = range(self.plan.num_blocks) if block_ids is None else block_ids
+        return [self.plan.block_from_id(i) for i in ids]
+
+
+def is_empty(block: Block, data: np.ndarray) -> bool:
+    """True when the block's input holds a single value."""
+    flat = data.reshape(-1)
+    return bool(flat.size == 0 or (flat == flat[0]).all())
+
+
+def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
+            on_block_done: Callable[[Block], None] | None = None) -> RunStats:
+    """Run the unfinished ones of ``blocks``, marking each done after its write."""
+    markers = job.markers
+    todo = [b for b in blocks if not markers.is_finished(b)]
+
+    def done(block: Block) -> None:
+        markers.mark_done(block)
+        if on_block_done is not None:
+            on_block_done(block)
+
+    source = open_volume(job.source)
+    sink = open_volume(job.target, mode="r+")
+    try:
+        return run_blocks(todo, source=source, sink=sink, predictor=predictor, settings=job.settings,
+                          on_block_done=done, skip=is_empty if job.skip_empty else None,
+                          on_block_skipped=markers.mark_skipped)
+    finally:
+        source.close()
+        sink.close()
