@@ -132,7 +132,8 @@ class DoneMarkers:
         for dirpath, _, files in os.walk(root):
             rel = Path(dirpath).relative_to(root).parts
             if len(rel) == 2:
-                found.update(self.grid_begin + Coord((int(rel[0]), int(rel[1]), int(f))) for f in files)
+                # zarr writes a chunk to a temporary name and renames it: count finished files only.
+                found.update(self.grid_begin + Coord((int(rel[0]), int(rel[1]), int(f))) for f in files if f.isdigit())
         return found
 
     def done_indices(self) -> set[Coord]:

@@ -176,9 +176,11 @@ def _infer_and_write(batch, predictor, writer, failed, stats, channel_index, out
     try:
         outputs = predictor(inputs)
     except Exception as err:
-        names = ", ".join(str(tuple(b.index)) for b in batch_blocks)
+        batch_note = ""
+        if len(batch_blocks) > 1:
+            batch_note = f" in a batch with {', '.join(str(tuple(b.index)) for b in batch_blocks)}"
         for block in batch_blocks:
-            error = BlockFailedError(block.index, f"the network failed on block(s) {names}: {err}")
+            error = BlockFailedError(block.index, f"the network failed on {block}{batch_note}: {err}")
             error.__cause__ = err
             failed(block, error)
         return

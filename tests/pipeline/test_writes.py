@@ -99,7 +99,7 @@ def test_a_failing_block_is_named_and_the_blocks_before_it_are_written(tmp_path)
     data[20, 20, 20] = 255  # inside block (1, 1, 1) of 16^3 blocks, 4 voxels from its edges
     path = write_test_volume(str(tmp_path / "in.zarr"), data)
     out = str(tmp_path / "out.zarr")
-    with pytest.raises(BlockFailedError, match=r"block\(s\) \(1, 1, 1\): marker voxel seen") as info:
+    with pytest.raises(BlockFailedError, match=r"block \(1, 1, 1\) \(writes \[16:32, 16:32, 16:32\]\): marker voxel seen") as info:
         blockpred.predict(path, out, model=RaisesOnMarker(), block=16, halo=2, progress=False, local=True, num_writers=1)
     assert tuple(info.value.block_index) == (1, 1, 1)
     assert isinstance(info.value.__cause__, RuntimeError)

@@ -1,0 +1,57 @@
+"""Small networks for tests, importable by dask worker processes as ``tests.networks:<factory>``."""
+
+import os
+import time
+import zlib
+
+import torch
+
+from blockpred.models import build_preset
+
+
+class Logged(torch.nn.Module):
+    """The tiny preset, appending a line per input block (its checksum) to a file at each forward pass.
+
+    ``delay_s`` slows each pass down so a test can act mid-run.
+    """
+
+    def __init__(self, log_path: str, delay_s: float = 0.0):
+        super().__init__()
+        self.net = build_preset("tiny")
+        self.log_path, self.delay_s = log_path, delay_s
+        self.in_channels, self.out_channels = 1, 2
+        self.downsampling = self.net.downsampling
+
+    def forward(self, x):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        # All-zero inputs are the dry runs, not blocks: not logged.
+        lines = "".join(f"{zlib.crc32(x[i].numpy().tobytes()):08x}\n" for i in range(x.shape[0]) if x[i].any())
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, lines.encode())
+        finally:
+            os.close(fd)
+        return self.net(x)
+
+
+class FailsOnMarker(torch.nn.Module):
+    """x / 2, but raises while ``fault_file`` exists and the input holds the value 1.0 (uint8 255)."""
+
+    def __init__(self, fault_file: str):
+        super().__init__()
+        self.fault_file = fault_file
+        self.in_channels = self.out_channels = 1
+
+    def forward(self, x):
+        if os.path.exists(self.fault_file) and bool((x == 1.0).any()):
+            raise RuntimeError("marker voxel seen")
+        return x * 0.5
+
+
+def logged(log_path: str, delay_s: float = 0.0) -> Logged:
+    return Logged(log_path, delay_s)
+
+
+def fails_on_marker(fault_file: str) -> FailsOnMarker:
+    return FailsOnMarker(fault_file)

@@ -1,0 +1,190 @@
+"""The dask path: worker counts, killed workers, a killed client, failing blocks, resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import yaml
+
+import blockpred
+from blockpred.cli import main
+from blockpred.io import open_volume
+from blockpred.markers import DoneMarkers, markers_path
+from blockpred.io.base import parse_volume_path
+from tests.helpers import write_test_volume
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def read_all(path: str) -> np.ndarray:
+    volume = open_volume(path)
+    return volume.read(volume.box)
+
+
+def random_volume(tmp_path, shape, name="in.zarr", seed=0) -> str:
+    rng = np.random.default_rng(seed)
+    return write_test_volume(str(tmp_path / name), rng.integers(0, 255, shape, dtype=np.uint8), chunks=(16, 16, 16))
+
+
+def markers_of(output: str) -> DoneMarkers:
+    return DoneMarkers.open(markers_path(parse_volume_path(output)))
+
+
+def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
+    source = random_volume(tmp_path, (32, 64, 80))
+    outputs = []
+    for workers in (1, 2, 3):
+        out = str(tmp_path / f"out{workers}.zarr")
+        summary = blockpred.predict(source, out, block=16, halo=10, workers=workers, progress=False)
+        assert len(summary.workers) == workers and summary.stats.num_blocks == 2 * 4 * 5
+        outputs.append(read_all(out))
+    assert outputs[0].dtype == np.float32
+    assert outputs[0].tobytes() == outputs[1].tobytes() == outputs[2].tobytes()
+
+
+def _config(tmp_path, **model_kwargs) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model_kwargs": model_kwargs, "block": 16, "halo": 10}))
+    return str(path)
+
+
+def _start_run(args, cwd) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "blockpred", "run", *args, "--no-progress"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _worker_processes(pid: int) -> list[psutil.Process]:
+    children = psutil.Process(pid).children(recursive=True)
+    return [p for p in children if "multiprocessing" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def _wait_for_done(output: str, count: int, process: subprocess.Popen, timeout_s: float = 120) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        markers = markers_of(output)
+        done = len(markers.done_indices()) if markers else 0
+        if done >= count:
+            return done
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise TimeoutError(f"fewer than {count} blocks done after {timeout_s} s")
+
+
+def test_a_worker_killed_mid_run_has_its_blocks_rescheduled_and_the_output_is_complete(tmp_path):
+    source = random_volume(tmp_path, (32, 64, 64))
+    clean = str(tmp_path / "clean.zarr")
+    log = str(tmp_path / "forward.log")
+    config = _config(tmp_path, log_path=log, delay_s=0.15)
+    blockpred.predict(source, clean, config=config, model="tests.networks:logged", local=True, progress=False)
+    out = str(tmp_path / "out.zarr")
+    run = _start_run([source, out, "--config", config, "--model", "tests.networks:logged", "--workers", "2"], tmp_path)
+    _wait_for_done(out, 4, run)
+    victim = _worker_processes(run.pid)[0]
+    victim.send_signal(signal.SIGKILL)
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr
+    assert not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE
+    assert len(markers_of(out).done_indices()) == 32
+    np.testing.assert_array_equal(read_all(out), read_all(clean))
+
+
+def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path):
+    source = random_volume(tmp_path, (32, 64, 64))
+    clean = str(tmp_path / "clean.zarr")
+    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False)
+    out = str(tmp_path / "out.zarr")
+    first_log, second_log = str(tmp_path / "first.log"), str(tmp_path / "second.log")
+    args = [source, out, "--model", "tests.networks:logged", "--workers", "2"]
+    args += ["--config", _config(tmp_path, log_path=first_log, delay_s=0.15)]
+    run = _start_run(args, tmp_path)
+    _wait_for_done(out, 8, run)
+    workers = _worker_processes(run.pid)
+    os.kill(run.pid, signal.SIGKILL)  # the client, with its scheduler
+    run.wait(timeout=30)
+    psutil.wait_procs(workers, timeout=60)  # workers notice their parent is gone and stop
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    done_before = len(markers_of(out).done_indices())
+    assert 8 <= done_before < 32
+
+    # The same command again; the first run's forward log is moved aside to tell the runs apart.
+    (tmp_path / "first.log").rename(second_log)
+    rerun = _start_run(args, tmp_path)
+    stdout, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stderr
+    assert f"in {32 - done_before} blocks ({done_before} already done)" in stdout
+    first = Path(second_log).read_text().split()
+    second = Path(first_log).read_text().split()
+    recomputed = set(first) & set(second)
+    in_flight_bound = 2 * (1 + 2 * 2)  # workers x (batch + pending writes)
+    assert len(recomputed) <= in_flight_bound, f"{len(recomputed)} blocks computed twice"
+    assert len(set(first) | set(second)) == 32
+    np.testing.assert_array_equal(read_all(out), read_all(clean))
+
+
+def test_a_block_that_keeps_failing_exits_1_naming_it_and_the_rerun_computes_only_it(tmp_path, capsys):
+    data = np.full((32, 32, 48), 102, dtype=np.uint8)
+    data[20, 20, 36] = 255  # inside block (1, 1, 2) of 16^3 blocks, 4 voxels from its faces
+    source = write_test_volume(str(tmp_path / "in.zarr"), data)
+    fault = tmp_path / "fault"
+    fault.touch()
+    out = str(tmp_path / "out.zarr")
+    config = tmp_path / "f.yaml"
+    config.write_text(yaml.safe_dump({"model": "tests.networks:fails_on_marker", "model_kwargs": {"fault_file": str(fault)},
+                                      "block": 16, "halo": 2, "retries": 1}))
+    args = ["run", source, out, "--config", str(config), "--workers", "2", "--no-progress"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "block (1, 1, 2)" in err and "marker voxel seen" in err
+    markers = markers_of(out)
+    assert len(markers.done_indices()) == 2 * 2 * 3 - 1
+    values = read_all(out)[0]
+    assert np.allclose(values[:16], 0.2) and not values[16:32, 16:32, 32:48].any()
+
+    fault.unlink()
+    assert main(args) == 0
+    assert "in 1 blocks (11 already done)" in capsys.readouterr().out
+    assert np.allclose(read_all(out)[0][16:32, 16:32, 32:48][data[16:32, 16:32, 32:48] == 102], 0.2)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        pytest.param({"halo": 8}, "halo (10, 10, 10) -> (8, 8, 8)", id="halo"),
+        pytest.param({"model": "unet32"}, "model tiny -> unet32", id="model"),
+    ],
+)
+def test_a_resume_with_other_settings_is_refused_naming_the_change(tmp_path, capsys, change, expected):
+    source = random_volume(tmp_path, (16, 32, 32))
+    out = str(tmp_path / "out.zarr")
+    assert main(["run", source, out, "--local", "--no-progress", "--block", "16", "--halo", "10"]) == 0
+    before = read_all(out)
+    flags = ["--halo", str(change.get("halo", 10))] + (["--model", change["model"]] if "model" in change else [])
+    assert main(["run", source, out, "--local", "--no-progress", "--block", "16", *flags]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "--overwrite" in err
+    np.testing.assert_array_equal(read_all(out), before)
+
+
+def test_skip_empty_skips_uniform_blocks_and_predicts_the_others_exactly(tmp_path):
+    rng = np.random.default_rng(3)
+    data = np.zeros((48, 32, 32), dtype=np.uint8)
+    data[:16] = rng.integers(0, 255, (16, 32, 32), dtype=np.uint8)
+    source = write_test_volume(str(tmp_path / "in.zarr"), data)
+    full = str(tmp_path / "full.zarr")
+    blockpred.predict(source, full, block=16, halo=4, local=True, progress=False)
+    out = str(tmp_path / "out.zarr")
+    summary = blockpred.predict(source, out, block=16, halo=4, skip_empty=True, local=True, progress=False)
+    # Blocks with z cores 32..48 read z 28..52: all zero, so skipped (2 x 2 of them).  Those with
+    # cores 16..32 read z 12..36, which reaches the data: they run.
+    assert summary.stats.num_skipped == 4 and summary.stats.num_blocks == 8
+    assert {tuple(i) for i in markers_of(out).skipped_indices()} == {(2, y, x) for y in (0, 1) for x in (0, 1)}
+    got, want = read_all(out), read_all(full)
+    np.testing.assert_array_equal(got[:, :32], want[:, :32])
+    assert not got[:, 32:].any()
