@@ -42,6 +42,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler", help="address of a running dask scheduler to join (multi-node)")
     g.add_argument("--local", action="store_true", default=None, help="run in this process, without dask")
     g.add_argument("--retries", type=int, help="retries of a failed task [2]")
+    g.add_argument("--mask", help="volume (full size or downsampled) whose nonzero voxels mark where to predict")
     g.add_argument("--skip-empty", action="store_true", default=None,
                    help="skip blocks whose input is all one value (left at the fill value)")
     g = parser.add_argument_group("input and output")
@@ -57,7 +58,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
              "output_chunks", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
-             "retries", "skip_empty")
+             "retries", "skip_empty", "mask")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -80,6 +80,8 @@ class RunConfig:
     retries: int = 2
     #: Skip blocks whose input is all one value (they are left at the fill value).
     skip_empty: bool = False
+    #: A 3D volume (full size or downsampled) whose nonzero voxels mark where to predict.
+    mask: str | None = None
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -181,7 +183,7 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "model":
         # A name or path; the Python API also takes a torch.nn.Module as it is.
         return str(value) if isinstance(value, (str, os.PathLike)) else value
-    if name in ("weights", "device", "scheduler"):
+    if name in ("weights", "device", "scheduler", "mask"):
         return str(value)
     return value
 

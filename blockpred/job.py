@@ -19,6 +19,7 @@ from .blocking import Block, BlockPlan
 from .io import open_volume
 from .io.base import VolumePath
 from .markers import DoneMarkers
+from .mask import Mask
 from .models import LoadedModel, load_model
 from .pipeline import PipelineSettings, Predictor, RunStats, resolve_device, run_blocks
 
@@ -49,6 +50,8 @@ class Job:
     precision: str = "fp32"
     #: Skip blocks whose input is all one value.
     skip_empty: bool = False
+    #: Predict only blocks the mask marks (see :mod:`blockpred.mask`).
+    mask: Mask | None = None
 
     def make_predictor(self, device: str | None = None) -> Predictor:
         """Load the model and put it on ``device`` (default: the job's)."""
@@ -70,6 +73,15 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     """Run the unfinished ones of ``blocks``, marking each done after its write."""
     markers = job.markers
     todo = [b for b in blocks if not markers.is_finished(b)]
+    masked_out = 0
+    if job.mask is not None:
+        with open_volume(job.mask.path) as mask:
+            covered = [b for b in todo if job.mask.covers(mask, b)]
+        for block in todo:
+            if block not in covered:
+                markers.mark_skipped(block)
+        masked_out = len(todo) - len(covered)
+        todo = covered
 
     def done(block: Block) -> None:
         markers.mark_done(block)
@@ -79,9 +91,11 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     source = open_volume(job.source)
     sink = open_volume(job.target, mode="r+")
     try:
-        return run_blocks(todo, source=source, sink=sink, predictor=predictor, settings=job.settings,
-                          on_block_done=done, skip=is_empty if job.skip_empty else None,
-                          on_block_skipped=markers.mark_skipped)
+        stats = run_blocks(todo, source=source, sink=sink, predictor=predictor, settings=job.settings,
+                           on_block_done=done, skip=is_empty if job.skip_empty else None,
+                           on_block_skipped=markers.mark_skipped)
+        stats.num_skipped += masked_out
+        return stats
     finally:
         source.close()
         sink.close()

@@ -32,6 +32,7 @@ from .io import (
     volume_exists,
 )
 from .job import Job, ModelSpec, run_job
+from .mask import Mask
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .network import NetworkGeometry, probe_network
 from .pipeline import PipelineSettings, Predictor, RunStats, resolve_device
@@ -167,6 +168,11 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
     if cfg.local and (cfg.workers or cfg.scheduler):
         raise InvalidOptionError("--local runs in this process; it cannot be combined with --workers or --scheduler")
 
+    if not cfg.local and cfg.scheduler is None and target_path.format == "hdf5":
+        from .scheduler import check_hdf5_writers, local_worker_envs
+
+        check_hdf5_writers(target_path, len(local_worker_envs(cfg.device, cfg.workers)))
+    mask = Mask.open(parse_volume_path(cfg.mask), source.spatial_shape) if cfg.mask is not None else None
     device = resolve_device(cfg.device)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
     model = spec.load()
@@ -183,7 +189,7 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
     )
-    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, chunks, channels))
+    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, chunks, channels, mask))
     if previous is not None and not cfg.overwrite:
         changes = describe_changes(previous.fingerprint, fingerprint)
         if changes:
@@ -208,7 +214,7 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
             voxel_size=source.voxel_size,
         ))
     job = Job(source_path, target_path, markers, plan, settings, spec, device=cfg.device,
-              precision=cfg.precision, skip_empty=cfg.skip_empty)
+              precision=cfg.precision, skip_empty=cfg.skip_empty, mask=mask)
     num_resumed = len(markers.finished_indices())
     logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s), %d already done", source_path, target_path,
                 plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo), num_resumed)
@@ -225,7 +231,7 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
 
 
 def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, chunks: Coord,
-                 channels) -> dict:
+                 channels, mask: Mask | None) -> dict:
     """Everything that decides the output's values and layout (see :mod:`blockpred.markers`)."""
     return {
         "input": os.path.abspath(str(source_path)), "input_shape": source.shape, "input_dtype": str(source.dtype),
@@ -236,6 +242,7 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
         "normalize": str(cfg.normalize), "pad_mode": cfg.pad_mode, "pad_value": cfg.pad_value,
         "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": chunks,
         "channels": channels, "skip_empty": cfg.skip_empty,
+        "mask": None if mask is None else [os.path.abspath(str(mask.path)), mask.mask_shape],
     }
 
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import dask
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .blocking import Block
@@ -81,10 +82,15 @@ class PredictorPlugin(WorkerPlugin):
 
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        _STATE[self.key] = (self.job, self.job.make_predictor())
+        _STATE[self.key] = (self.job, self.job.make_predictor(worker_device(self.job.device)))
 
     def teardown(self, worker):
         _STATE.pop(self.key, None)
+
+
+def worker_device(device: str) -> str:
+    """A worker's device: a GPU worker sees its own GPU first (CUDA_VISIBLE_DEVICES), so ``cuda:0``."""
+    return "cuda:0" if device.startswith("cuda") else device
 
 
 def _run_task(key: str, block_ids: list[int]) -> dict:
@@ -129,12 +135,47 @@ def local_worker_envs(device: str, num_workers: int | None) -> list[dict[str, st
     return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(num_workers or 1)]
 
 
+def check_hdf5_writers(target, num_workers: int) -> None:
+    """HDF5 has no concurrent writers: an HDF5 output takes one worker."""
+    if target.format == "hdf5" and num_workers > 1:
+        raise InvalidOptionError(
+            f"an HDF5 output cannot be written by {num_workers} workers at once (HDF5 has no concurrent writers); "
+            f"use --workers 1 or --local, or a zarr or N5 output"
+        )
+
+
 def _start_local_cluster(envs: list[dict[str, str]]):
+    """dask-cuda's LocalCUDACluster when installed and every worker has its own GPU, else a SpecCluster."""
     from distributed import Nanny, Scheduler, SpecCluster
 
-    workers = {f"blockpred-{i}": {"cls": Nanny, "options": {"nthreads": 1, "env": env, "silence_logs": logging.ERROR}} for i, env in enumerate(envs)}
-    return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
-                       silence_logs=logging.ERROR, name="blockpred")
+    gpus = [env["CUDA_VISIBLE_DEVICES"] for env in envs]
+    if all(gpus) and len(set(gpus)) == len(gpus):
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            pass
+        else:
+            return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1,
+                                    dashboard_address=":0", silence_logs=logging.ERROR)
+
+    options = {"nthreads": 1, "silence_logs": logging.ERROR}
+    workers = {f"blockpred-{i}": {"cls": Nanny, "options": {**options, "env": env}} for i, env in enumerate(envs)}
+    with dask.config.set(_worker_environment(len(envs))):
+        return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
+                           silence_logs=logging.ERROR, name="blockpred")
+
+
+def _worker_environment(num_workers: int) -> dict:
+    """What dask sets before it spawns a worker, adjusted for a process that runs a network.
+
+    dask's defaults pin OpenMP/MKL to one thread and set ``MALLOC_TRIM_THRESHOLD_``,
+    which turns off glibc's adaptive mmap threshold: every large tensor is then
+    mapped and zeroed anew.  A worker here gets its share of the cores instead.
+    """
+    threads = str(max(1, (os.cpu_count() or 1) // num_workers))
+    key = "distributed.nanny.pre-spawn-environ"
+    return {f"{key}.MALLOC_TRIM_THRESHOLD_": None, f"{key}.OMP_NUM_THREADS": threads,
+            f"{key}.MKL_NUM_THREADS": threads, f"{key}.OPENBLAS_NUM_THREADS": threads}
 
 
 def run_distributed(
@@ -153,11 +194,7 @@ def run_distributed(
     cluster = None
     if scheduler_address is None:
         envs = local_worker_envs(job.device, num_workers)
-        if job.target.format == "hdf5" and len(envs) > 1:
-            raise InvalidOptionError(
-                f"an HDF5 output cannot be written by {len(envs)} workers at once (HDF5 has no concurrent writers); "
-                f"use --workers 1, or a zarr or N5 output"
-            )
+        check_hdf5_writers(job.target, len(envs))
         cluster = _start_local_cluster(envs)
         torch_threads = max(1, (os.cpu_count() or 1) // len(envs)) if not envs[0]["CUDA_VISIBLE_DEVICES"] else None
         client = Client(cluster)
@@ -169,10 +206,7 @@ def run_distributed(
         if on_dashboard is not None and result.dashboard:
             on_dashboard(result.dashboard)
         workers = len(client.scheduler_info(n_workers=-1)["workers"]) or 1
-        if job.target.format == "hdf5" and workers > 1:
-            raise InvalidOptionError(
-                f"an HDF5 output cannot be written by {workers} workers at once; use one worker or a zarr or N5 output"
-            )
+        check_hdf5_writers(job.target, workers)
         key = job.markers.path.name + "-" + format(abs(hash((str(job.markers.path), os.getpid()))), "x")
         client.register_plugin(PredictorPlugin(key, job, torch_threads))
         finished = job.markers.finished_indices()

@@ -188,3 +188,37 @@ def test_skip_empty_skips_uniform_blocks_and_predicts_the_others_exactly(tmp_pat
     got, want = read_all(out), read_all(full)
     np.testing.assert_array_equal(got[:, :32], want[:, :32])
     assert not got[:, 32:].any()
+
+
+def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skipped(tmp_path):
+    source = random_volume(tmp_path, (32, 64, 64), seed=4)
+    mask = np.zeros((8, 16, 16), dtype=np.uint8)  # 4x downsampled
+    mask[1, 2, 3] = 1  # volume voxels z 4..8, y 8..12, x 12..16: block (0, 0, 0)
+    mask[6, 13, 9] = 1  # z 24..28, y 52..56, x 36..40: block (1, 3, 2)
+    mask_path = write_test_volume(str(tmp_path / "mask.zarr"), mask)
+    full = str(tmp_path / "full.zarr")
+    blockpred.predict(source, full, block=16, halo=10, local=True, progress=False)
+    out = str(tmp_path / "out.zarr")
+    summary = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, workers=2, progress=False)
+    assert summary.stats.num_blocks == 2 and summary.stats.num_skipped == 30
+    markers = markers_of(out)
+    assert {tuple(i) for i in markers.done_indices()} == {(0, 0, 0), (1, 3, 2)}
+    assert len(markers.skipped_indices()) == 30
+    got, want = read_all(out), read_all(full)
+    np.testing.assert_array_equal(got[:, :16, :16, :16], want[:, :16, :16, :16])
+    np.testing.assert_array_equal(got[:, 16:, 48:, 32:48], want[:, 16:, 48:, 32:48])
+    assert not got[:, 16:, :48].any()
+    again = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, local=True, progress=False)
+    assert again.stats.num_blocks == 0 and again.num_resumed == 32
+
+
+def test_an_hdf5_output_with_two_workers_is_refused_before_anything_is_written(tmp_path, capsys):
+    source = write_test_volume(str(tmp_path / "f.h5:/raw"), np.zeros((8, 8, 8), dtype=np.uint8))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["run", source, "--workers", "2", "--no-progress"]) == 2
+    assert "HDF5 has no concurrent writers" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    import h5py
+
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        assert list(f) == ["raw"]
