@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.verbose:
+        # dask reports a failed task itself; blockpred's own message says which block and why.
+        logging.getLogger("distributed").setLevel(logging.CRITICAL)
     try:
         return _run(args) if args.command == "run" else _demo(args)
     except BlockpredError as err:

@@ -8,7 +8,6 @@ and leaves the disk as it was.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -148,14 +147,14 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     if target_path.format == "n5" and cfg.output_dtype.name == "float16":
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
 
-    with contextlib.ExitStack() as stack:
-        source = open_volume(source_path)
-        stack.callback(source.close)
-        return _predict_opened(cfg, source, source_path, target_path, stack)
+    with open_volume(source_path) as source:
+        job, predictor, model_name = _prepare(cfg, source, source_path, target_path)
+    # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
+    return _execute(cfg, job, predictor, model_name, str(source_path), str(target_path))
 
 
-def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
-                    stack: contextlib.ExitStack) -> PredictionSummary:
+def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath) -> tuple[Job, Predictor, str]:
+    """Every check, the plan, and (only when all passed) the output and its markers."""
     check_input_volume(source)
     exists = volume_exists(target_path)
     markers_at = markers_path(target_path)
@@ -173,7 +172,7 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
 
         check_hdf5_writers(target_path, len(local_worker_envs(cfg.device, cfg.workers)))
     mask = Mask.open(parse_volume_path(cfg.mask), source.spatial_shape) if cfg.mask is not None else None
-    device = resolve_device(cfg.device)
+    device = _client_device(cfg)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
     model = spec.load()
     in_channels = source.num_channels or 1
@@ -204,7 +203,7 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
         if exists:
             remove_volume(target_path)
         markers = DoneMarkers.create(markers_at, plan, fingerprint)
-        stack.enter_context(create_volume(
+        create_volume(
             target_path,
             spatial_shape=source.spatial_shape,
             num_channels=len(channels) if channels is not None else geometry.out_channels,
@@ -212,22 +211,45 @@ def _predict_opened(cfg: RunConfig, source, source_path: VolumePath, target_path
             chunk_shape=chunks,
             compression=cfg.compression,
             voxel_size=source.voxel_size,
-        ))
-    job = Job(source_path, target_path, markers, plan, settings, spec, device=cfg.device,
+        ).close()
+    job = Job(_absolute(source_path), _absolute(target_path), markers, plan, settings, spec, device=cfg.device,
               precision=cfg.precision, skip_empty=cfg.skip_empty, mask=mask)
+    return job, predictor, model.name
+
+
+def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str,
+             target: str) -> PredictionSummary:
+    plan, markers = job.plan, job.markers
     num_resumed = len(markers.finished_indices())
-    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s), %d already done", source_path, target_path,
+    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s), %d already done", source, target,
                 plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo), num_resumed)
     workers: dict = {}
     with _progress(plan.num_blocks - num_resumed, enabled=cfg.progress) as on_voxels:
         if cfg.local or num_resumed == plan.num_blocks:
             stats = _run_local(job, predictor, cfg.retries, on_voxels)
-            where = str(device)
+            where = str(predictor.device)
         else:
             stats, workers = _run_on_dask(job, cfg, on_voxels)
-            where = ", ".join(sorted({w.device for w in workers.values()})) or str(device)
-    return PredictionSummary(str(source_path), str(target_path), model.name, where, plan, stats,
-                             num_resumed=num_resumed, workers=workers)
+            where = ", ".join(sorted({w.device for w in workers.values()})) or str(predictor.device)
+    return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers)
+
+
+def _absolute(path: VolumePath) -> VolumePath:
+    """The path as workers in other directories (or on other machines, over a shared disk) see it."""
+    return VolumePath(path.format, Path(os.path.abspath(path.container)), path.dataset)
+
+
+def _client_device(cfg: RunConfig):
+    """Where this process runs the dry run (and, with ``local``, the blocks).
+
+    Joining a cluster, this process need not have the workers' GPUs: without
+    CUDA here, the dry run runs on the CPU and each worker checks its own device.
+    """
+    import torch
+
+    if cfg.scheduler is not None and str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
+        return resolve_device("cpu")
+    return resolve_device(cfg.device)
 
 
 def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, chunks: Coord,

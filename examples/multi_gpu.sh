@@ -11,6 +11,9 @@ blockpred run vol.zarr/raw out.zarr --model cremi2018 --precision bf16
 # Only some GPUs: blockpred uses the GPUs CUDA_VISIBLE_DEVICES lists (here two workers, on GPUs 2 and 3).
 CUDA_VISIBLE_DEVICES=2,3 blockpred run vol.zarr/raw out.zarr --model cremi2018 --precision bf16
 
+# One chosen GPU: a single worker on GPU 1 (the same as CUDA_VISIBLE_DEVICES=1).
+blockpred run vol.zarr/raw out.zarr --model cremi2018 --precision bf16 --device cuda:1
+
 # One GPU in one process, without dask (debugging, profiling).
 CUDA_VISIBLE_DEVICES=1 blockpred run vol.zarr/raw out.zarr --model cremi2018 --precision bf16 --local
 
@@ -33,5 +36,6 @@ blockpred run vol.zarr/raw out.zarr --model cremi2018 --precision bf16
 # what changed; --overwrite deletes the output and its markers and starts again.
 blockpred run vol.zarr/raw out.zarr --model cremi2018 --precision fp32 --overwrite
 
-# HDF5 has no concurrent writers: an HDF5 output is written by one worker (or --local).
-blockpred run vol.h5:/raw pred.h5:/prediction --model cremi2018 --workers 1
+# HDF5 has no concurrent writers: an HDF5 output with several workers is refused before anything
+# is written.  Write it in one process with --local (or write zarr/N5 with many GPUs).
+blockpred run vol.h5:/raw pred.h5:/prediction --model cremi2018 --local

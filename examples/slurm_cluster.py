@@ -5,6 +5,8 @@ runs this script, and a filesystem shared by that machine and the compute
 nodes: every worker imports blockpred from the same Python environment
 (``sys.executable`` by default) and reads the input and writes the output (and
 its done markers, ``<container>.blockpred/<dataset>/``) at the same paths.
+Give absolute paths: a worker resolves a relative one against its own working
+directory.
 
     python examples/slurm_cluster.py /shared/vol.zarr/raw /shared/vol.zarr/prediction \\
         --jobs 8 --model cremi2018 --partition gpu --account myproject
@@ -15,8 +17,8 @@ its done markers, ``<container>.blockpred/<dataset>/``) at the same paths.
 blockpred itself checks the device and runs a dry run of the network in this
 process, so with ``--device cuda`` (the default) run the script where a GPU is
 visible (inside an ``salloc``/``sbatch`` allocation).  On a login node without
-a GPU pass ``--device auto``: the dry run then happens on the CPU, and every
-worker picks its own GPU.
+a GPU pass ``--device auto``: the dry run (one block) then runs on the CPU,
+and every worker still uses its own GPU.
 
 Running the same command again resumes: finished blocks are skipped.  A run
 with other settings (model, block, halo, precision ...) is refused unless

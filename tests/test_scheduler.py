@@ -222,3 +222,12 @@ def test_an_hdf5_output_with_two_workers_is_refused_before_anything_is_written(t
 
     with h5py.File(tmp_path / "f.h5", "r") as f:
         assert list(f) == ["raw"]
+
+
+def test_an_hdf5_output_in_the_input_file_is_written_by_one_dask_worker(tmp_path):
+    data = np.random.default_rng(5).integers(0, 255, (16, 16, 16), dtype=np.uint8)
+    source = write_test_volume(str(tmp_path / "f.h5:/raw"), data)
+    summary = blockpred.predict(source, block=8, halo=4, workers=1, progress=False)
+    local = blockpred.predict(source, str(tmp_path / "f.h5:/local"), block=8, halo=4, local=True, progress=False)
+    np.testing.assert_array_equal(read_all(summary.output), read_all(local.output))
+
