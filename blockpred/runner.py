@@ -203,7 +203,7 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volum
         if exists:
             remove_volume(target_path)
         markers = DoneMarkers.create(markers_at, plan, fingerprint)
-        create_volume(
+        sink = create_volume(
             target_path,
             spatial_shape=source.spatial_shape,
             num_channels=len(channels) if channels is not None else geometry.out_channels,
@@ -211,7 +211,11 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volum
             chunk_shape=chunks,
             compression=cfg.compression,
             voxel_size=source.voxel_size,
-        ).close()
+        )
+        sink.close()
+        # Blocks are whole chunks (shards, for a sharded array): no two tasks ever write one chunk.
+        if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
+            raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {target_path}")
     job = Job(_absolute(source_path), _absolute(target_path), markers, plan, settings, spec, device=cfg.device,
               precision=cfg.precision, skip_empty=cfg.skip_empty, mask=mask)
     return job, predictor, model.name
