@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,6 +351,7 @@ class _progress:
         self._enabled = enabled
         self._bar = None
         self._voxels = 0
+        self._first: tuple[float, int] | None = None
         self._lock = threading.Lock()
 
     def __enter__(self):
@@ -362,9 +364,14 @@ class _progress:
 
     def _update(self, voxels: int) -> None:
         with self._lock:
+            now = time.perf_counter()
+            if self._first is None:  # rate from the first finished block: start-up is not throughput
+                self._first = (now, voxels)
             self._voxels += voxels
-            elapsed = max(self._bar.format_dict["elapsed"], 1e-9)
-            self._bar.set_postfix_str(f"{self._voxels / elapsed / 1e6:.2f} Mvox/s", refresh=False)
+            since, counted = self._first
+            if now > since:
+                rate = (self._voxels - counted) / (now - since) / 1e6
+                self._bar.set_postfix_str(f"{rate:.2f} Mvox/s", refresh=False)
             self._bar.update(1)
 
     def __exit__(self, *exc):
