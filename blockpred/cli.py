@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import BlockFailedError, BlockpredError
+from .geometry import Coord
 
 logger = logging.getLogger("blockpred")
 
@@ -80,6 +81,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="YAML file with any of the options below (flags override it)")
     _add_run_options(run)
 
+    bench = sub.add_parser("bench", help="model throughput, device load, and runtime extrapolation",
+                           description="Time forward passes on device-resident data; extrapolate runtimes.")
+    bench.add_argument("--model", default="tiny", help="preset, model file or package.module:factory [tiny]")
+    bench.add_argument("--weights", help="state-dict file for a factory or preset")
+    bench.add_argument("--block", help="block core Z,Y,X [model's default]")
+    bench.add_argument("--halo", help="halo Z,Y,X [model's default]")
+    bench.add_argument("--batch-size", default="1", help="batch sizes, e.g. 1,2,4 [1]")
+    bench.add_argument("--precision", default="fp32", help="precisions, e.g. fp32,tf32,fp16,bf16 [fp32]")
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N [auto]")
+    bench.add_argument("--warmup", type=int, default=2, help="untimed passes per configuration [2]")
+    bench.add_argument("--iterations", type=int, default=5, help="timed passes per configuration [5]")
+    bench.add_argument("--extrapolate", help="dataset sizes: 8.1T, 1.9G, 200x3072x3072, cremi-padded, platynereis")
+    bench.add_argument("--gpus", default="1,2,4,8", help="GPU counts for the extrapolation [1,2,4,8]")
+    bench.add_argument("--assume-mvox-per-s", type=float, help="skip the measurement; extrapolate from this figure")
+    bench.add_argument("--json", help="write every figure and the environment to this JSON file")
+
     demo = sub.add_parser("demo", help="predict a synthetic EM volume with the default network")
     demo.add_argument("--dir", default="blockpred-demo", help="where to write the demo volume and output [./blockpred-demo]")
     demo.add_argument("--shape", default="128,256,256", help="demo volume shape Z,Y,X [128,256,256]")
@@ -113,6 +130,57 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from . import benchmark
+    from .config import parse_shape
+    from .errors import InvalidOptionError
+    from .metrics import extrapolate, format_extrapolation, halo_overhead, parse_size
+
+    def numbers(text: str, name: str, kind=int) -> list:
+        try:
+            values = [kind(v) for v in str(text).split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values or any(v <= 0 for v in values):
+            raise InvalidOptionError(f"{name} must be a comma-separated list of positive numbers, got {text!r}")
+        return values
+
+    precisions = [p.strip() for p in args.precision.split(",")]
+    from .config import PRECISIONS
+
+    if any(p not in PRECISIONS for p in precisions):
+        raise InvalidOptionError(f"precisions must be among {', '.join(PRECISIONS)}, got {args.precision!r}")
+    report: dict = {"environment": benchmark.environment(), "results": [], "extrapolation": []}
+    mvox, overhead = args.assume_mvox_per_s, None
+    if mvox is None:
+        results = benchmark.run(
+            model=args.model, weights=args.weights,
+            block=parse_shape(args.block, "block") if args.block else None,
+            halo=parse_shape(args.halo, "halo") if args.halo else None,
+            batch_sizes=tuple(numbers(args.batch_size, "--batch-size")), precisions=tuple(precisions),
+            device=args.device, warmup=args.warmup, iterations=args.iterations,
+            progress=lambda text: print(f"measuring {text} ...", file=sys.stderr, flush=True))
+        first = results[0]
+        print(f"model {first.model} on {first.device}: block {tuple(first.block)} -> network input "
+              f"{tuple(first.input_shape)}; Mvox/s of output (block) and network-input voxels")
+        print(benchmark.format_table(results))
+        report["results"] = [r.as_dict() for r in results]
+        best = max(results, key=lambda r: r.output_mvox_per_s)
+        mvox, overhead = best.output_mvox_per_s, halo_overhead(Coord(best.block), Coord(best.input_shape))
+    if args.extrapolate:
+        datasets = [parse_size(s) for s in args.extrapolate.split(",")]
+        rows = extrapolate(datasets, numbers(args.gpus, "--gpus"), mvox)
+        print(format_extrapolation(rows, mvox, 1.0, overhead))
+        report["extrapolation"] = [{"dataset": r.dataset.name, "voxels": r.dataset.voxels, "gpus": r.gpus,
+                                    "hours": r.hours, "days": r.days, "mvox_per_s_per_gpu": mvox} for r in rows]
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -121,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         # dask reports a failed task itself; blockpred's own message says which block and why.
         logging.getLogger("distributed").setLevel(logging.CRITICAL)
     try:
-        return _run(args) if args.command == "run" else _demo(args)
+        commands = {"run": _run, "bench": _bench, "demo": _demo}
+        return commands[args.command](args)
     except BlockpredError as err:
         print(f"blockpred: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -58,7 +58,8 @@ class Predictor:
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
             torch.backends.cudnn.allow_tf32 = allow_tf32
 
-    def _autocast(self):
+    def autocast(self):
+        """The autocast context of this precision (a no-op for fp32 and tf32)."""
         dtype = _AUTOCAST_DTYPES.get(self.precision)
         if dtype is None:
             return contextlib.nullcontext()
@@ -69,7 +70,7 @@ class Predictor:
         with torch.inference_mode():
             host = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32))
             if not self._cuda:
-                with self._autocast():
+                with self.autocast():
                     result = self.module(host)
                 return _as_tensor(result).float().numpy()
             host = host.pin_memory()
@@ -80,7 +81,7 @@ class Predictor:
             compute_stream = torch.cuda.current_stream(self.device)
             compute_stream.wait_event(uploaded)
             on_device.record_stream(compute_stream)  # allocated on the copy stream, used on this one
-            with self._autocast():
+            with self.autocast():
                 result = _as_tensor(self.module(on_device)).float()
             out = torch.empty(result.shape, dtype=torch.float32, pin_memory=True)
             out.copy_(result, non_blocking=True)

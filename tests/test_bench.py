@@ -1,0 +1,37 @@
+"""`blockpred bench`: the printed tables and the JSON report."""
+
+import json
+
+import pytest
+
+from blockpred.cli import main
+
+
+def test_bench_prints_the_throughput_table_and_the_json_has_every_figure(tmp_path, capsys):
+    report_path = tmp_path / "bench.json"
+    assert main(["bench", "--model", "tiny", "--device", "cpu", "--batch-size", "1,2", "--warmup", "1",
+                 "--iterations", "2", "--block", "32", "--json", str(report_path)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert report["environment"]["torch"] and len(report["results"]) == 2
+    table_rows = [line.split() for line in out.splitlines() if line.startswith("fp32")]
+    assert len(table_rows) == 2
+    for row, result in zip(table_rows, report["results"]):
+        assert int(row[1]) == result["batch_size"]
+        assert float(row[2]) == pytest.approx(result["output_mvox_per_s"], abs=0.006)
+        assert float(row[3]) == pytest.approx(result["input_mvox_per_s"], abs=0.006)
+        for column, key in zip(row[4:9], ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")):
+            assert float(column) == pytest.approx(result[key] * 1e3, abs=0.06)
+        assert result["peak_memory_bytes"] > 0 and result["load"]["kind"] == "cpu"
+        assert result["input_shape"] == [52, 52, 52] and result["block"] == [32, 32, 32]
+
+
+def test_extrapolating_platynereis_at_12_7_mvox_per_s_takes_177_2_hours_on_one_gpu(capsys):
+    assert main(["bench", "--extrapolate", "platynereis", "--assume-mvox-per-s", "12.7", "--gpus", "1,8"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("platynereis")]
+    assert rows[0][2:4] == ["1", "177.2h"] and rows[1][2:4] == ["8", "22.1h"]
+
+
+def test_a_bad_precision_list_is_one_line_and_exit_2(capsys):
+    assert main(["bench", "--precision", "fp32,fp64"]) == 2
+    assert "precisions must be among" in capsys.readouterr().err
