@@ -144,3 +144,142 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | None 
                                    input_shape=geometry.input_shape, batch_size=batch_size, warmup=warmup,
                                    iterations=iterations))
     return results
+
+
+@dataclass
+class PipelineResult:
+    """End-to-end: the real ``blockpred run`` path over a volume, against model-only at the same shapes."""
+
+    volume_shape: list[int]
+    num_blocks: int
+    seconds: float
+    mvox_per_s: float  # output voxels of the volume per second of pipeline
+    model_only_mvox_per_s: float
+    read_s: float
+    compute_s: float  # network calls, host-device copies included
+    write_s: float
+    workers: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.mvox_per_s / self.model_only_mvox_per_s if self.model_only_mvox_per_s else 0.0
+
+    @property
+    def limiting_stage(self) -> str:
+        stages = {"read": self.read_s, "compute": self.compute_s, "write": self.write_s}
+        return max(stages, key=stages.get)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(efficiency=self.efficiency, limiting_stage=self.limiting_stage)
+        return out
+
+
+def run_pipeline(*, model: str, weights: str | None, block: Coord, halo: Coord, batch_size: int, precision: str,
+                 device: str, model_only: ThroughputResult, input_path: str | None, volume_shape: Coord,
+                 workdir: str, workers: int | None = None) -> PipelineResult:
+    """Predict ``input_path`` (or a synthetic EM volume of ``volume_shape``) with the real run path."""
+    from pathlib import Path
+
+    from .demo import make_em_volume
+    from .io import create_volume
+    from .runner import predict
+
+    if input_path is None:
+        input_path = str(Path(workdir) / "bench-input.zarr")
+        volume = create_volume(input_path, spatial_shape=volume_shape, num_channels=None, dtype="uint8",
+                               chunk_shape=Coord((64, 64, 64)).minimum(volume_shape), ome=False, overwrite=True)
+        volume.write(volume.box, make_em_volume(volume_shape))
+        volume.close()
+    summary = predict(input_path, str(Path(workdir) / "bench-output.zarr"), model=model, weights=weights,
+                      block=block, halo=halo, batch_size=batch_size, precision=precision, device=device,
+                      overwrite=True, progress=False, workers=workers)
+    stats = summary.stats
+    return PipelineResult(list(summary.plan.volume_box.shape), stats.num_blocks, stats.seconds, stats.mvox_per_s,
+                          model_only.output_mvox_per_s, stats.read_s, stats.compute_s, stats.write_s,
+                          max(1, len(summary.workers)))
+
+
+@dataclass
+class TrainingResult:
+    batch_size: int
+    input_shape: list[int]
+    seconds_per_iteration: float
+
+    @property
+    def iterations_per_minute(self) -> float:
+        return 60.0 / self.seconds_per_iteration
+
+    @property
+    def hours_per_100k(self) -> float:
+        return 100_000 * self.seconds_per_iteration / 3600.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "iterations_per_minute": self.iterations_per_minute,
+                "hours_per_100k_iterations": self.hours_per_100k}
+
+
+def measure_training(module: torch.nn.Module, device: torch.device, *, in_channels: int, input_shape: Coord,
+                     batch_size: int, precision: str, warmup: int, iterations: int) -> TrainingResult:
+    """Iterations of training (forward, MSE loss, backward, Adam step) on random data on the device."""
+    import copy
+
+    net = copy.deepcopy(module).to(device).train()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.rand((batch_size, in_channels) + tuple(input_shape), generator=generator).to(device)
+    cuda = device.type == "cuda"
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    with torch.no_grad():
+        target = torch.rand_like(net(x).float())
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        if dtype is None:
+            loss = torch.nn.functional.mse_loss(net(x), target)
+        else:
+            with torch.autocast(device_type=device.type, dtype=dtype):
+                loss = torch.nn.functional.mse_loss(net(x).float(), target)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    return TrainingResult(batch_size, list(input_shape), (time.perf_counter() - start) / iterations)
+
+
+def format_markdown(results: list[ThroughputResult], pipeline: PipelineResult | None,
+                    training: TrainingResult | None, environment_info: dict) -> str:
+    """Tables in the style of the published benchmarks."""
+    devices = ", ".join(environment_info.get("devices") or []) or environment_info.get("cpu", "CPU")
+    lines = [f"Device: {devices}; torch {environment_info['torch']}, CUDA {environment_info['cuda']}", ""]
+    if results:
+        lines += ["| model | precision | batch | block | network input | output Mvox/s | input Mvox/s | "
+                  "latency mean / p50 / p90 / p95 / p99 (ms) | peak memory (GiB) | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in results:
+            d = r.as_dict()
+            latency = " / ".join(f"{d[k] * 1e3:.1f}" for k in ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s"))
+            lines.append(f"| {r.model} | {r.precision} | {r.batch_size} | {'×'.join(map(str, r.block))} | "
+                         f"{'×'.join(map(str, r.input_shape))} | {r.output_mvox_per_s:.2f} | {r.input_mvox_per_s:.2f} | "
+                         f"{latency} | {r.peak_memory_bytes / 2**30:.2f} | {r.load.get('label', '')} |")
+    if pipeline is not None:
+        p = pipeline
+        lines += ["", "| volume | blocks | end-to-end Mvox/s | model-only Mvox/s | efficiency | read s | compute s | "
+                  "write s | limiting |", "|---|---|---|---|---|---|---|---|---|",
+                  f"| {'×'.join(map(str, p.volume_shape))} | {p.num_blocks} | {p.mvox_per_s:.2f} | "
+                  f"{p.model_only_mvox_per_s:.2f} | {p.efficiency:.2f} | {p.read_s:.1f} | {p.compute_s:.1f} | "
+                  f"{p.write_s:.1f} | {p.limiting_stage} |"]
+    if training is not None:
+        t = training
+        lines += ["", "| training batch | input | iterations/min | hours per 100k iterations |", "|---|---|---|---|",
+                  f"| {t.batch_size} | {'×'.join(map(str, t.input_shape))} | {t.iterations_per_minute:.1f} | "
+                  f"{t.hours_per_100k:.1f} |"]
+    return "\n".join(lines) + "\n"

@@ -95,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--extrapolate", help="dataset sizes: 8.1T, 1.9G, 200x3072x3072, cremi-padded, platynereis")
     bench.add_argument("--gpus", default="1,2,4,8", help="GPU counts for the extrapolation [1,2,4,8]")
     bench.add_argument("--assume-mvox-per-s", type=float, help="skip the measurement; extrapolate from this figure")
+    bench.add_argument("--pipeline", action="store_true", help="also run the real `blockpred run` path end to end")
+    bench.add_argument("--input", help="volume for --pipeline [a synthetic EM volume of --volume-shape]")
+    bench.add_argument("--volume-shape", default="128,256,256", help="synthetic volume for --pipeline [128,256,256]")
+    bench.add_argument("--workers", type=int, help="dask workers for --pipeline [one per device]")
+    bench.add_argument("--train", action="store_true", help="also time training iterations on the same block")
     bench.add_argument("--json", help="write every figure and the environment to this JSON file")
+    bench.add_argument("--markdown", help="write the tables as markdown to this file")
 
     demo = sub.add_parser("demo", help="predict a synthetic EM volume with the default network")
     demo.add_argument("--dir", default="blockpred-demo", help="where to write the demo volume and output [./blockpred-demo]")
@@ -154,14 +160,16 @@ def _bench(args: argparse.Namespace) -> int:
         raise InvalidOptionError(f"precisions must be among {', '.join(PRECISIONS)}, got {args.precision!r}")
     report: dict = {"environment": benchmark.environment(), "results": [], "extrapolation": []}
     mvox, overhead = args.assume_mvox_per_s, None
+    results, pipeline, training = [], None, None
+    say = lambda text: print(f"{text} ...", file=sys.stderr, flush=True)  # noqa: E731
     if mvox is None:
+        block = parse_shape(args.block, "block") if args.block else None
+        halo = parse_shape(args.halo, "halo") if args.halo else None
         results = benchmark.run(
-            model=args.model, weights=args.weights,
-            block=parse_shape(args.block, "block") if args.block else None,
-            halo=parse_shape(args.halo, "halo") if args.halo else None,
+            model=args.model, weights=args.weights, block=block, halo=halo,
             batch_sizes=tuple(numbers(args.batch_size, "--batch-size")), precisions=tuple(precisions),
             device=args.device, warmup=args.warmup, iterations=args.iterations,
-            progress=lambda text: print(f"measuring {text} ...", file=sys.stderr, flush=True))
+            progress=lambda text: say(f"measuring {text}"))
         first = results[0]
         print(f"model {first.model} on {first.device}: block {tuple(first.block)} -> network input "
               f"{tuple(first.input_shape)}; Mvox/s of output (block) and network-input voxels")
@@ -169,6 +177,36 @@ def _bench(args: argparse.Namespace) -> int:
         report["results"] = [r.as_dict() for r in results]
         best = max(results, key=lambda r: r.output_mvox_per_s)
         mvox, overhead = best.output_mvox_per_s, halo_overhead(Coord(best.block), Coord(best.input_shape))
+        if args.pipeline:
+            import tempfile
+
+            say(f"running the pipeline at {best.precision}, batch {best.batch_size}")
+            with tempfile.TemporaryDirectory(prefix="blockpred-bench-") as workdir:
+                pipeline = benchmark.run_pipeline(
+                    model=args.model, weights=args.weights, block=Coord(best.block), halo=halo,
+                    batch_size=best.batch_size, precision=best.precision, device=args.device, model_only=best,
+                    input_path=args.input, volume_shape=parse_shape(args.volume_shape, "volume shape"),
+                    workdir=workdir, workers=args.workers)
+            p = pipeline
+            print(f"end to end over {'x'.join(map(str, p.volume_shape))} ({p.num_blocks} blocks, {p.workers} worker(s)): "
+                  f"{p.mvox_per_s:.2f} Mvox/s of the volume, pipeline efficiency {p.efficiency:.2f} "
+                  f"(end-to-end / model-only); stage time read {p.read_s:.1f} s, compute {p.compute_s:.1f} s "
+                  f"(transfers included), write {p.write_s:.1f} s: limited by {p.limiting_stage}")
+            report["pipeline"] = p.as_dict()
+        if args.train:
+            from .models import load_model
+            from .pipeline import resolve_device
+
+            say("timing training iterations")
+            loaded = load_model(args.model, weights=args.weights)
+            training = benchmark.measure_training(
+                loaded.module, resolve_device(args.device), in_channels=loaded.in_channels or 1,
+                input_shape=Coord(best.input_shape), batch_size=best.batch_size, precision=best.precision,
+                warmup=1, iterations=max(2, args.iterations // 2))
+            print(f"training (forward, loss, backward, Adam step), batch {training.batch_size}, input "
+                  f"{tuple(training.input_shape)}: {training.iterations_per_minute:.1f} iterations/min, "
+                  f"{training.hours_per_100k:.1f} h per 100k iterations")
+            report["training"] = training.as_dict()
     if args.extrapolate:
         datasets = [parse_size(s) for s in args.extrapolate.split(",")]
         rows = extrapolate(datasets, numbers(args.gpus, "--gpus"), mvox)
@@ -178,6 +216,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(benchmark.format_markdown(results, pipeline, training, report["environment"]))
+        print(f"wrote {args.markdown}")
     return 0
 
 
@@ -185,9 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not args.verbose:
-        # dask reports a failed task itself; blockpred's own message says which block and why.
-        logging.getLogger("distributed").setLevel(logging.CRITICAL)
     try:
         commands = {"run": _run, "bench": _bench, "demo": _demo}
         return commands[args.command](args)

@@ -191,6 +191,7 @@ def run_distributed(
     from distributed import Client, wait
 
     result = DistributedResult()
+    _quiet_dask()
     cluster = None
     if scheduler_address is None:
         envs = local_worker_envs(job.device, num_workers)
@@ -251,6 +252,17 @@ def run_distributed(
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _quiet_dask() -> None:
+    """dask's INFO chatter only when blockpred itself logs at INFO (``blockpred -v``)."""
+    if logging.getLogger("blockpred").isEnabledFor(logging.INFO):
+        return
+    import distributed  # noqa: F401 - creates its loggers
+
+    for name in list(logging.root.manager.loggerDict):
+        if name == "distributed" or name.startswith("distributed."):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _has_dashboard(client) -> bool:

@@ -35,3 +35,21 @@ def test_extrapolating_platynereis_at_12_7_mvox_per_s_takes_177_2_hours_on_one_g
 def test_a_bad_precision_list_is_one_line_and_exit_2(capsys):
     assert main(["bench", "--precision", "fp32,fp64"]) == 2
     assert "precisions must be among" in capsys.readouterr().err
+
+
+def test_bench_with_pipeline_and_training_reports_efficiency_stages_and_iterations(tmp_path, capsys):
+    report_path, markdown = tmp_path / "bench.json", tmp_path / "bench.md"
+    assert main(["bench", "--model", "tiny", "--device", "cpu", "--block", "16", "--iterations", "2", "--warmup", "1",
+                 "--pipeline", "--volume-shape", "16,32,32", "--workers", "1", "--train",
+                 "--json", str(report_path), "--markdown", str(markdown)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    pipeline, training = report["pipeline"], report["training"]
+    assert pipeline["num_blocks"] == 4 and pipeline["volume_shape"] == [16, 32, 32]
+    assert pipeline["efficiency"] == pytest.approx(pipeline["mvox_per_s"] / pipeline["model_only_mvox_per_s"])
+    assert pipeline["limiting_stage"] in ("read", "compute", "write")
+    assert f"pipeline efficiency {pipeline['efficiency']:.2f}" in out
+    assert training["iterations_per_minute"] > 0
+    assert training["hours_per_100k_iterations"] == pytest.approx(100_000 / training["iterations_per_minute"] / 60)
+    text = markdown.read_text()
+    assert "| model | precision |" in text and "efficiency" in text and "iterations/min" in text
