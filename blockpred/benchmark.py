@@ -283,3 +283,30 @@ def format_markdown(results: list[ThroughputResult], pipeline: PipelineResult | 
                   f"| {t.batch_size} | {'×'.join(map(str, t.input_shape))} | {t.iterations_per_minute:.1f} | "
                   f"{t.hours_per_100k:.1f} |"]
     return "\n".join(lines) + "\n"
+
+
+def plot(results: list[ThroughputResult], path: str) -> None:
+    """Output Mvox/s against batch size, one line per precision (matplotlib, from the ``bench`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from .errors import InvalidOptionError
+
+        raise InvalidOptionError("--plot needs matplotlib: pip install 'blockpred[bench]'") from None
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for precision in dict.fromkeys(r.precision for r in results):
+        rows = sorted((r for r in results if r.precision == precision), key=lambda r: r.batch_size)
+        axes.plot([r.batch_size for r in rows], [r.output_mvox_per_s for r in rows], marker="o", label=precision)
+    first = results[0]
+    axes.set_xticks(sorted({r.batch_size for r in results}))
+    axes.set_xlabel("batch size (blocks per forward pass)")
+    axes.set_ylabel("output Mvox/s")
+    axes.set_title(f"{first.model} on {first.device}, block {'x'.join(map(str, first.block))}")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--train", action="store_true", help="also time training iterations on the same block")
     bench.add_argument("--json", help="write every figure and the environment to this JSON file")
     bench.add_argument("--markdown", help="write the tables as markdown to this file")
+    bench.add_argument("--plot", help="PNG of throughput against batch size and precision (needs blockpred[bench])")
 
     demo = sub.add_parser("demo", help="predict a synthetic EM volume with the default network")
     demo.add_argument("--dir", default="blockpred-demo", help="where to write the demo volume and output [./blockpred-demo]")
@@ -216,6 +217,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
+    if args.plot and results:
+        benchmark.plot(results, args.plot)
+        print(f"wrote {args.plot}")
     if args.markdown:
         Path(args.markdown).write_text(benchmark.format_markdown(results, pipeline, training, report["environment"]))
         print(f"wrote {args.markdown}")

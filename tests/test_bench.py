@@ -53,3 +53,10 @@ def test_bench_with_pipeline_and_training_reports_efficiency_stages_and_iteratio
     assert training["hours_per_100k_iterations"] == pytest.approx(100_000 / training["iterations_per_minute"] / 60)
     text = markdown.read_text()
     assert "| model | precision |" in text and "efficiency" in text and "iterations/min" in text
+
+
+def test_bench_plots_throughput_against_batch_size(tmp_path):
+    png = tmp_path / "bench.png"
+    assert main(["bench", "--model", "tiny", "--device", "cpu", "--block", "16", "--batch-size", "1,2",
+                 "--precision", "fp32,bf16", "--iterations", "1", "--warmup", "1", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
