@@ -156,7 +156,8 @@ class PipelineResult:
     mvox_per_s: float  # output voxels of the volume per second of pipeline
     model_only_mvox_per_s: float
     read_s: float
-    compute_s: float  # network calls, host-device copies included
+    transfer_s: float  # host <-> device copies (0 on the CPU)
+    compute_s: float  # network calls, copies excluded
     write_s: float
     workers: int
 
@@ -166,7 +167,7 @@ class PipelineResult:
 
     @property
     def limiting_stage(self) -> str:
-        stages = {"read": self.read_s, "compute": self.compute_s, "write": self.write_s}
+        stages = {"read": self.read_s, "transfer": self.transfer_s, "compute": self.compute_s, "write": self.write_s}
         return max(stages, key=stages.get)
 
     def as_dict(self) -> dict:
@@ -196,7 +197,8 @@ def run_pipeline(*, model: str, weights: str | None, block: Coord, halo: Coord, 
                       overwrite=True, progress=False, workers=workers)
     stats = summary.stats
     return PipelineResult(list(summary.plan.volume_box.shape), stats.num_blocks, stats.seconds, stats.mvox_per_s,
-                          model_only.output_mvox_per_s, stats.read_s, stats.compute_s, stats.write_s,
+                          model_only.output_mvox_per_s, stats.read_s, stats.transfer_s, stats.compute_s,
+                          stats.write_s,
                           max(1, len(summary.workers)))
 
 
@@ -272,11 +274,11 @@ def format_markdown(results: list[ThroughputResult], pipeline: PipelineResult | 
                          f"{latency} | {r.peak_memory_bytes / 2**30:.2f} | {r.load.get('label', '')} |")
     if pipeline is not None:
         p = pipeline
-        lines += ["", "| volume | blocks | end-to-end Mvox/s | model-only Mvox/s | efficiency | read s | compute s | "
-                  "write s | limiting |", "|---|---|---|---|---|---|---|---|---|",
+        lines += ["", "| volume | blocks | end-to-end Mvox/s | model-only Mvox/s | efficiency | read s | transfer s | "
+                  "compute s | write s | limiting |", "|---|---|---|---|---|---|---|---|---|---|",
                   f"| {'×'.join(map(str, p.volume_shape))} | {p.num_blocks} | {p.mvox_per_s:.2f} | "
-                  f"{p.model_only_mvox_per_s:.2f} | {p.efficiency:.2f} | {p.read_s:.1f} | {p.compute_s:.1f} | "
-                  f"{p.write_s:.1f} | {p.limiting_stage} |"]
+                  f"{p.model_only_mvox_per_s:.2f} | {p.efficiency:.2f} | {p.read_s:.1f} | {p.transfer_s:.1f} | "
+                  f"{p.compute_s:.1f} | {p.write_s:.1f} | {p.limiting_stage} |"]
     if training is not None:
         t = training
         lines += ["", "| training batch | input | iterations/min | hours per 100k iterations |", "|---|---|---|---|",

@@ -191,8 +191,8 @@ def _bench(args: argparse.Namespace) -> int:
             p = pipeline
             print(f"end to end over {'x'.join(map(str, p.volume_shape))} ({p.num_blocks} blocks, {p.workers} worker(s)): "
                   f"{p.mvox_per_s:.2f} Mvox/s of the volume, pipeline efficiency {p.efficiency:.2f} "
-                  f"(end-to-end / model-only); stage time read {p.read_s:.1f} s, compute {p.compute_s:.1f} s "
-                  f"(transfers included), write {p.write_s:.1f} s: limited by {p.limiting_stage}")
+                  f"(end-to-end / model-only); stage time read {p.read_s:.1f} s, transfer {p.transfer_s:.1f} s, "
+                  f"compute {p.compute_s:.1f} s, write {p.write_s:.1f} s: limited by {p.limiting_stage}")
             report["pipeline"] = p.as_dict()
         if args.train:
             from .models import load_model

@@ -106,7 +106,8 @@ def _run_task(key: str, block_ids: list[int]) -> dict:
     stats = run_job(job, job.blocks(block_ids), predictor, on_block_done=progress)
     return {"worker": str(worker.name), "device": str(predictor.device), "num_blocks": stats.num_blocks,
             "num_voxels": stats.num_voxels, "num_skipped": stats.num_skipped, "seconds": stats.seconds,
-            "read_s": stats.read_s, "compute_s": stats.compute_s, "write_s": stats.write_s}
+            "read_s": stats.read_s, "transfer_s": stats.transfer_s, "compute_s": stats.compute_s,
+            "write_s": stats.write_s}
 
 
 def split_tasks(block_ids: list[int], num_workers: int, per_worker: int = TASKS_PER_WORKER) -> list[list[int]]:
@@ -240,7 +241,7 @@ def run_distributed(
             worker.num_voxels += summary["num_voxels"]
             worker.num_skipped += summary["num_skipped"]
             worker.busy_s += summary["seconds"]
-            for name in ("num_blocks", "num_voxels", "num_skipped", "read_s", "compute_s", "write_s"):
+            for name in ("num_blocks", "num_voxels", "num_skipped", "read_s", "transfer_s", "compute_s", "write_s"):
                 setattr(result.stats, name, getattr(result.stats, name) + summary[name])
         client.unsubscribe_topic(PROGRESS_TOPIC)
         if failures:

@@ -48,6 +48,7 @@ def test_bench_with_pipeline_and_training_reports_efficiency_stages_and_iteratio
     assert pipeline["num_blocks"] == 4 and pipeline["volume_shape"] == [16, 32, 32]
     assert pipeline["efficiency"] == pytest.approx(pipeline["mvox_per_s"] / pipeline["model_only_mvox_per_s"])
     assert pipeline["limiting_stage"] in ("read", "compute", "write")
+    assert pipeline["transfer_s"] == 0.0  # no host-device copies on the CPU
     assert f"pipeline efficiency {pipeline['efficiency']:.2f}" in out
     assert training["iterations_per_minute"] > 0
     assert training["hours_per_100k_iterations"] == pytest.approx(100_000 / training["iterations_per_minute"] / 60)

@@ -52,6 +52,7 @@ class RunStats:
     num_skipped: int = 0
     seconds: float = 0.0
     read_s: float = 0.0
+    transfer_s: float = 0.0  # host <-> device copies (CUDA); not part of compute_s
     compute_s: float = 0.0
     write_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -184,7 +185,9 @@ def _infer_and_write(batch, predictor, writer, failed, stats, channel_index, out
             error.__cause__ = err
             failed(block, error)
         return
-    stats.add("compute_s", time.perf_counter() - begin)
+    transfer_s = getattr(predictor, "last_transfer_s", 0.0)
+    stats.add("transfer_s", transfer_s)
+    stats.add("compute_s", time.perf_counter() - begin - transfer_s)
     del inputs
     for block, values in zip(batch_blocks, outputs):
         cropped = values[channel_index][(slice(None),) + block.output_crop.to_slices()]
