@@ -75,11 +75,13 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     todo = [b for b in blocks if not markers.is_finished(b)]
     masked_out = 0
     if job.mask is not None:
+        covered = []
         with open_volume(job.mask.path) as mask:
-            covered = [b for b in todo if job.mask.covers(mask, b)]
-        for block in todo:
-            if block not in covered:
-                markers.mark_skipped(block)
+            for block in todo:
+                if job.mask.covers(mask, block):
+                    covered.append(block)
+                else:
+                    markers.mark_skipped(block)
         masked_out = len(todo) - len(covered)
         todo = covered
 

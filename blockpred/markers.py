@@ -17,12 +17,13 @@ whose fingerprint differs is refused with the list of what changed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import zarr
 
@@ -59,6 +60,15 @@ def _show(value: Any) -> str:
 def as_json(value: Any) -> Any:
     """A fingerprint value in the plain form JSON stores (tuples become lists)."""
     return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, (tuple, Coord)) else str(v)))
+
+
+@functools.lru_cache(maxsize=64)
+def _marker_array(path: str, grid_shape: tuple[int, ...]) -> zarr.Array:
+    """The open marker array (opened once per process, not once per block).
+
+    Keyed by the grid shape too, so markers re-created for another plan are opened anew.
+    """
+    return zarr.open_array(path, mode="r+")
 
 
 @dataclass(frozen=True)
@@ -111,8 +121,7 @@ class DoneMarkers:
 
     def _mark(self, name: str, block: Block) -> None:
         rel = block.index - self.grid_begin
-        array = zarr.open_array(str(self.path / name), mode="r+")
-        array[rel[0], rel[1], rel[2]] = 1
+        _marker_array(str(self.path / name), tuple(self.grid_shape))[rel[0], rel[1], rel[2]] = 1
 
     def mark_done(self, block: Block) -> None:
         """Record that ``block``'s data is written (call only after the write)."""
@@ -147,10 +156,4 @@ class DoneMarkers:
         return self.done_indices() | self.skipped_indices()
 
 
-def unfinished(blocks: Iterable[Block], markers: DoneMarkers) -> list[Block]:
-    """The blocks of ``blocks`` that are neither done nor skipped."""
-    finished = markers.finished_indices()
-    return [b for b in blocks if b.index not in finished]
-
-
-__all__ = ["DoneMarkers", "markers_path", "describe_changes", "unfinished", "as_json"]
+__all__ = ["DoneMarkers", "markers_path", "describe_changes", "as_json"]
