@@ -21,7 +21,7 @@ from .io.base import VolumePath
 from .markers import DoneMarkers
 from .mask import Mask
 from .models import LoadedModel, load_model
-from .pipeline import PipelineSettings, Predictor, RunStats, resolve_device, run_blocks
+from .pipeline import Backoff, PipelineSettings, Predictor, RunStats, resolve_device, run_blocks
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,12 @@ def is_empty(block: Block, data: np.ndarray) -> bool:
 
 
 def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
-            on_block_done: Callable[[Block], None] | None = None) -> RunStats:
-    """Run the unfinished ones of ``blocks``, marking each done after its write."""
+            on_block_done: Callable[[Block], None] | None = None, backoff: Backoff | None = None) -> RunStats:
+    """Run the unfinished ones of ``blocks``, marking each done after its write.
+
+    ``backoff`` keeps the batch and block parts that fit the device from one
+    call to the next (see :mod:`blockpred.pipeline.backoff`).
+    """
     markers = job.markers
     todo = [b for b in blocks if not markers.is_finished(b)]
     masked_out = 0
@@ -95,7 +99,7 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     try:
         stats = run_blocks(todo, source=source, sink=sink, predictor=predictor, settings=job.settings,
                            on_block_done=done, skip=is_empty if job.skip_empty else None,
-                           on_block_skipped=markers.mark_skipped)
+                           on_block_skipped=markers.mark_skipped, backoff=backoff)
         stats.num_skipped += masked_out
         return stats
     finally:

@@ -35,7 +35,7 @@ from .job import Job, ModelSpec, run_job
 from .mask import Mask
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .network import NetworkGeometry, probe_network
-from .pipeline import PipelineSettings, Predictor, RunStats, resolve_device
+from .pipeline import Backoff, PipelineSettings, Predictor, RunStats, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ class PredictionSummary:
     num_resumed: int = 0
     #: Per dask worker: name -> WorkerSummary; empty for an in-process (``local``) run.
     workers: dict = field(default_factory=dict)
+    #: The batch size the run started with.
+    batch_size: int = 1
 
     @property
     def mvox_per_s(self) -> float:
@@ -77,6 +79,9 @@ class PredictionSummary:
         if s.num_skipped:
             extra.append(f"{s.num_skipped} skipped")
         more = f" ({', '.join(extra)})" if extra else ""
+        recovery = s.recovery_note(self.batch_size)
+        if recovery:
+            lines.append(recovery)
         lines.append(
             f"predicted {s.num_voxels / 1e6:.1f} Mvox in {s.num_blocks} blocks{more} in {s.seconds:.2f} s "
             f"({s.mvox_per_s:.2f} Mvox/s) with {self.model} on {self.device} -> {self.output}"
@@ -188,6 +193,7 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volum
         batch_size=cfg.batch_size, num_readers=cfg.num_readers, num_writers=cfg.num_writers,
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
+        downsampling=_downsampling(cfg, model),
     )
     fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, chunks, channels, mask))
     if previous is not None and not cfg.overwrite:
@@ -236,7 +242,8 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
         else:
             stats, workers = _run_on_dask(job, cfg, on_voxels)
             where = ", ".join(sorted({w.device for w in workers.values()})) or str(predictor.device)
-    return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers)
+    return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers,
+                             batch_size=job.settings.batch_size)
 
 
 def _absolute(path: VolumePath) -> VolumePath:
@@ -279,9 +286,12 @@ def _run_local(job: Job, predictor: Predictor, retries: int, on_voxels) -> RunSt
         if on_voxels is not None:
             on_voxels(block.write_box.size)
 
+    backoff = Backoff(job.settings.batch_size)  # what fits the device holds for the retries too
     for attempt in range(retries + 1):
         try:
-            return run_job(job, job.blocks(), predictor, on_block_done=done)
+            stats = run_job(job, job.blocks(), predictor, on_block_done=done, backoff=backoff)
+            stats.out_of_memory = backoff.events
+            return stats
         except BlockFailedError as err:
             if attempt == retries:
                 raise
@@ -300,9 +310,13 @@ def _run_on_dask(job: Job, cfg: RunConfig, on_voxels) -> tuple[RunStats, dict]:
     return result.stats, result.workers
 
 
+def _downsampling(cfg: RunConfig, model) -> Coord:
+    return cfg.downsampling if cfg.downsampling is not None else model.downsampling
+
+
 def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor) -> tuple[BlockPlan, NetworkGeometry, Coord]:
     """Block, halo and chunks from the options and the model's defaults, checked, then the dry run."""
-    downsampling = cfg.downsampling if cfg.downsampling is not None else model.downsampling
+    downsampling = _downsampling(cfg, model)
     block = _choose_block(cfg, model.default_block, downsampling, roi.shape)
     chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
     halo_defaulted = cfg.halo is None and model.default_halo is None

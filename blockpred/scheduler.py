@@ -32,8 +32,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .blocking import Block
 from .errors import BlockFailedError, InvalidOptionError
+from .geometry import Coord
 from .job import Job, run_job
-from .pipeline import RunStats
+from .pipeline import Backoff, RunStats
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,9 @@ class PredictorPlugin(WorkerPlugin):
 
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        _STATE[self.key] = (self.job, self.job.make_predictor(worker_device(self.job.device)))
+        predictor = self.job.make_predictor(worker_device(self.job.device))
+        # The batch and block parts that fit this worker's device, kept from task to task.
+        _STATE[self.key] = (self.job, predictor, Backoff(self.job.settings.batch_size))
 
     def teardown(self, worker):
         _STATE.pop(self.key, None)
@@ -98,16 +101,17 @@ def _run_task(key: str, block_ids: list[int]) -> dict:
     from distributed import get_worker
 
     worker = get_worker()
-    job, predictor = _STATE[key]
+    job, predictor, backoff = _STATE[key]
 
     def progress(block: Block) -> None:
         worker.log_event(PROGRESS_TOPIC, {"key": key, "voxels": block.write_box.size})
 
-    stats = run_job(job, job.blocks(block_ids), predictor, on_block_done=progress)
+    stats = run_job(job, job.blocks(block_ids), predictor, on_block_done=progress, backoff=backoff)
     return {"worker": str(worker.name), "device": str(predictor.device), "num_blocks": stats.num_blocks,
             "num_voxels": stats.num_voxels, "num_skipped": stats.num_skipped, "seconds": stats.seconds,
             "read_s": stats.read_s, "transfer_s": stats.transfer_s, "compute_s": stats.compute_s,
-            "write_s": stats.write_s}
+            "write_s": stats.write_s, "out_of_memory": stats.out_of_memory, "batch_size": stats.batch_size,
+            "block_parts": tuple(stats.block_parts)}
 
 
 def split_tasks(block_ids: list[int], num_workers: int, per_worker: int = TASKS_PER_WORKER) -> list[list[int]]:
@@ -241,8 +245,10 @@ def run_distributed(
             worker.num_voxels += summary["num_voxels"]
             worker.num_skipped += summary["num_skipped"]
             worker.busy_s += summary["seconds"]
-            for name in ("num_blocks", "num_voxels", "num_skipped", "read_s", "transfer_s", "compute_s", "write_s"):
+            for name in ("num_blocks", "num_voxels", "num_skipped", "read_s", "transfer_s", "compute_s", "write_s",
+                         "out_of_memory"):
                 setattr(result.stats, name, getattr(result.stats, name) + summary[name])
+            _merge_sizes(result.stats, summary["batch_size"], Coord(summary["block_parts"]))
         client.unsubscribe_topic(PROGRESS_TOPIC)
         if failures:
             first = failures[0]
@@ -253,6 +259,14 @@ def run_distributed(
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _merge_sizes(stats: RunStats, batch_size: int, block_parts: Coord) -> None:
+    """The smallest batch and the finest block parts any worker fell back to."""
+    if batch_size and (not stats.batch_size or batch_size < stats.batch_size):
+        stats.batch_size = batch_size
+    if block_parts.prod() > stats.block_parts.prod():
+        stats.block_parts = block_parts
 
 
 def _quiet_dask() -> None:

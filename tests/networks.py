@@ -55,3 +55,36 @@ def logged(log_path: str, delay_s: float = 0.0) -> Logged:
 
 def fails_on_marker(fault_file: str) -> FailsOnMarker:
     return FailsOnMarker(fault_file)
+
+
+class MemoryLimited(torch.nn.Module):
+    """The tiny preset on a device with an injected memory budget.
+
+    A forward pass over more than ``budget_voxels`` input voxels (batch x
+    spatial, all channels) raises :class:`torch.OutOfMemoryError`, as CUDA's
+    allocator would.  ``spare_zeros``: all-zero inputs (dry runs) always fit,
+    so a run can plan a block that then does not fit with real data.
+    ``transient``: only the first ``transient`` passes over the budget fail
+    (a fragmented device), the rest succeed.
+    """
+
+    def __init__(self, budget_voxels: int, spare_zeros: bool = False, transient: int | None = None):
+        super().__init__()
+        self.net = build_preset("tiny")
+        self.budget_voxels, self.spare_zeros, self.transient = budget_voxels, spare_zeros, transient
+        self.in_channels, self.out_channels = 1, 2
+        self.downsampling = self.net.downsampling
+        self.refusals = 0
+
+    def forward(self, x):
+        over = x.numel() > self.budget_voxels and not (self.spare_zeros and not bool(x.any()))
+        if over and (self.transient is None or self.refusals < self.transient):
+            self.refusals += 1
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {x.numel() * 4} bytes (injected budget {self.budget_voxels})"
+            )
+        return self.net(x)
+
+
+def memory_limited(budget_voxels: int, spare_zeros: bool = False, transient: int | None = None) -> MemoryLimited:
+    return MemoryLimited(int(budget_voxels), bool(spare_zeros), transient)

@@ -1,12 +1,15 @@
 """One worker = one device running a bounded prefetch -> infer -> write pipeline.
 
-* :mod:`.prefetch` reads padded, normalised blocks ahead of the device.
-* :mod:`.infer` moves batches to the device and runs the network.
-* :mod:`.writer` crops and writes finished blocks from a bounded pool.
-* :mod:`.worker` connects the three over a list of blocks.
+* :mod:`.prefetch` reads padded raw blocks ahead of the device.
+* :mod:`.infer` moves batches to the device, normalises, runs the network,
+  crops and converts there, and brings the stored values back.
+* :mod:`.backoff` shrinks batch and block after an out-of-memory error.
+* :mod:`.writer` writes finished blocks from a bounded pool.
+* :mod:`.worker` connects them over a list of blocks.
 """
 
-from .infer import Predictor, resolve_device
+from .backoff import Backoff, is_out_of_memory
+from .infer import DeviceSteps, Predictor, resolve_device
 from .worker import PipelineSettings, RunStats, run_blocks
 
-__all__ = ["Predictor", "resolve_device", "PipelineSettings", "RunStats", "run_blocks"]
+__all__ = ["Backoff", "is_out_of_memory", "DeviceSteps", "Predictor", "resolve_device", "PipelineSettings", "RunStats", "run_blocks"]

@@ -1,9 +1,18 @@
-"""The device side: a network on one device, fed float32 numpy batches.
+"""The device side: a network on one device, fed raw blocks, returning stored values.
 
-On CUDA the batch goes through a pinned host buffer and a non-blocking copy on
-a side stream, so the host-to-device copy does not serialise with other work
-on the default stream; the result comes back through a pinned buffer too.  The
-same code runs on the CPU, where those steps fall away.
+All the arithmetic around the network runs on the device, so only the raw input
+goes up (uint8 for EM: a quarter of float32) and only what is stored comes down
+(cropped to the block core, the kept channels, in the output dtype)::
+
+    raw blocks -> pinned buffer --upload stream--> raw on device
+      -> float32 x * scale + offset -> network -> crop to the core, keep channels
+      -> output dtype --download stream--> pinned buffer -> host
+
+On CUDA, :meth:`Predictor.submit` only enqueues these steps on three streams
+and returns a :class:`Pending`; a caller that submits batch n+1 before it
+collects batch n gets the upload of n+1, the network on n and the download of
+n-1 running at once.  Pinned buffers come from a pool and are reused.  On the
+CPU the same steps run at once, in the caller's thread, with the same numbers.
 """
 
 from __future__ import annotations
@@ -11,6 +20,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -20,6 +32,13 @@ from ..errors import InvalidOptionError
 logger = logging.getLogger(__name__)
 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: Modules whose weights autocast casts to the low precision at every call: cast once instead.
+_CAST_ONCE = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
+              torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Linear)
+#: Raw dtypes uploaded as they are; uint16 goes up as its int16 bits, anything else as float32.
+_UPLOADED = {np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "float16", "float32")}
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -45,21 +64,117 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-class Predictor:
-    """Runs ``module`` on ``device`` at ``precision`` over (B, C, Z, Y, X) float32 batches."""
+@dataclass(frozen=True)
+class DeviceSteps:
+    """What the device does around the network for one batch.
 
-    def __init__(self, module: torch.nn.Module, device: torch.device, precision: str = "fp32"):
+    ``scale``/``offset`` normalise the raw input (``x * scale + offset`` in
+    float32, as :meth:`blockpred.normalize.Normalization.scale_offset` says);
+    ``crop`` (spatial slices of the network output) and ``channels`` select
+    what is kept; ``output_dtype`` is what comes back: float32, float16, or
+    uint8 with [0, 1] mapped to 0-255 (clipped, rounded half to even).
+    """
+
+    scale: float = 1.0
+    offset: float = 0.0
+    crop: tuple[slice, slice, slice] | None = None
+    channels: tuple[int, ...] | None = None
+    output_dtype: np.dtype = np.dtype("float32")
+
+
+@dataclass
+class Pending:
+    """A submitted batch.  :meth:`result` waits for it and gives the host array."""
+
+    _value: np.ndarray | None = None
+    #: Seconds of device time: the network and the steps around it (wall time on the CPU).
+    compute_s: float = 0.0
+    #: Seconds of host <-> device copies (0 on the CPU).
+    transfer_s: float = 0.0
+    _finish: object = None
+
+    def result(self) -> np.ndarray:
+        if self._finish is not None:
+            self._value, self.compute_s, self.transfer_s = self._finish()
+            self._finish = None
+        return self._value
+
+
+class _PinnedPool:
+    """Reusable page-locked host buffers, a few per (shape, dtype); the least recently used go first."""
+
+    def __init__(self, max_keys: int = 8, per_key: int = 4):
+        self._free: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
+        self._max_keys, self._per_key = max_keys, per_key
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        free = self._free.get((shape, dtype))
+        if free:
+            self._free.move_to_end((shape, dtype))
+            return free.pop()
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        key = (tuple(buffer.shape), buffer.dtype)
+        free = self._free.setdefault(key, [])
+        self._free.move_to_end(key)
+        if len(free) < self._per_key:
+            free.append(buffer)
+        while len(self._free) > self._max_keys:
+            self._free.popitem(last=False)
+
+
+def _upload_form(array: np.ndarray) -> np.ndarray:
+    """The array as it goes to the device: its own dtype when torch handles it, else bits or float32."""
+    if array.dtype in _UPLOADED:
+        return array
+    if array.dtype == np.uint16:
+        return array.view(np.int16)
+    return array.astype(np.float32)
+
+
+class Predictor:
+    """Runs ``module`` on ``device`` at ``precision`` (fp32, tf32, fp16, bf16).
+
+    fp16 and bf16 run under autocast with the weights of convolutions and
+    linear layers cast once, here, rather than at every call.  ``compile``
+    (a :data:`COMPILE_MODES` name; ``reduce-overhead`` replays CUDA graphs)
+    and ``memory_format`` (``channels_last`` for ``channels_last_3d``) are
+    the optional fast paths; cuDNN picks its fastest kernels per shape.
+    """
+
+    def __init__(self, module: torch.nn.Module, device: torch.device, precision: str = "fp32", *,
+                 compile: str = "off", memory_format: str = "contiguous"):
+        if compile not in COMPILE_MODES:
+            raise InvalidOptionError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
+        if memory_format not in MEMORY_FORMATS:
+            raise InvalidOptionError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
         self.device = device
         self.precision = precision
+        self.compile = compile
+        self.memory_format = memory_format
         self.module = module.to(device).eval()
-        #: Seconds the last call spent copying between host and device (0 on the CPU).
-        self.last_transfer_s = 0.0
+        low = _AUTOCAST_DTYPES.get(precision)
+        if low is not None:
+            for layer in self.module.modules():
+                if isinstance(layer, _CAST_ONCE):
+                    layer.to(low)
+        if memory_format == "channels_last":
+            self.module.to(memory_format=torch.channels_last_3d)
+        self._forward = self.module
+        if compile != "off":
+            self._forward = torch.compile(self.module, mode=None if compile == "default" else compile, dynamic=False)
         self._cuda = device.type == "cuda"
-        self._copy_stream = torch.cuda.Stream(device) if self._cuda else None
         if self._cuda:
             allow_tf32 = precision == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
             torch.backends.cudnn.allow_tf32 = allow_tf32
+            torch.backends.cudnn.benchmark = True  # one block shape per run: the fastest kernel is worth a search
+            self._upload = torch.cuda.Stream(device)
+            self._compute = torch.cuda.Stream(device)
+            self._download = torch.cuda.Stream(device)
+            self._compute.wait_stream(torch.cuda.current_stream(device))  # the weights' copies
+            self._pool = _PinnedPool()
 
     def autocast(self):
         """The autocast context of this precision (a no-op for fp32 and tf32)."""
@@ -68,45 +183,96 @@ class Predictor:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        """The network's float32 output for a float32 batch (both numpy, on the host).
+    def submit(self, blocks: Sequence[np.ndarray], steps: DeviceSteps = DeviceSteps()) -> Pending:
+        """Start the batch of ``blocks`` (each (C, Z, Y, X), raw dtype, all one shape).
 
-        ``last_transfer_s`` is then the time the host-device copies of this call
-        took (pinning included; 0 on the CPU), measured with CUDA events, so
-        timing adds no synchronisation.
+        Errors of the network (out of memory included) are raised here.
         """
-        with torch.inference_mode():
-            host = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32))
-            if not self._cuda:
-                self.last_transfer_s = 0.0
-                with self.autocast():
-                    result = self.module(host)
-                return _as_tensor(result).float().numpy()
+        if not self._cuda:
             start = time.perf_counter()
-            host = host.pin_memory()
-            pin_s = time.perf_counter() - start
-            events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-            with torch.cuda.stream(self._copy_stream):
-                events[0].record(self._copy_stream)
-                on_device = host.to(self.device, non_blocking=True)
-                events[1].record(self._copy_stream)
-            compute_stream = torch.cuda.current_stream(self.device)
-            compute_stream.wait_event(events[1])
-            on_device.record_stream(compute_stream)  # allocated on the copy stream, used on this one
-            with self.autocast():
-                result = _as_tensor(self.module(on_device)).float()
-            out = torch.empty(result.shape, dtype=torch.float32, pin_memory=True)
-            events[2].record(compute_stream)
-            out.copy_(result, non_blocking=True)
-            events[3].record(compute_stream)
-            compute_stream.synchronize()
-            copies_ms = events[0].elapsed_time(events[1]) + events[2].elapsed_time(events[3])
-            self.last_transfer_s = pin_s + copies_ms / 1e3
-            return out.numpy()
+            raw = torch.from_numpy(np.stack([_upload_form(b) for b in blocks]))
+            values = self._steps(raw, blocks[0].dtype, steps).numpy()
+            return Pending(values, compute_s=time.perf_counter() - start)
+        return self._submit_cuda(blocks, steps)
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        """The network's float32 output for a (B, C, Z, Y, X) batch, unnormalised and uncropped."""
+        return self.submit(list(batch)).result()
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """Dry run on zeros of ``input_shape`` (B, C, Z, Y, X): the output's shape."""
         return tuple(self(np.zeros(input_shape, dtype=np.float32)).shape)
+
+    def _steps(self, raw: torch.Tensor, raw_dtype: np.dtype, steps: DeviceSteps) -> torch.Tensor:
+        """Normalise, run the network, crop and convert: everything on the device, out of place."""
+        with torch.inference_mode():
+            x = raw
+            if raw_dtype == np.uint16:
+                x = x.to(torch.int32).bitwise_and_(0xFFFF)
+            x = x.to(torch.float32)
+            if steps.scale != 1.0:
+                x = x * steps.scale
+            if steps.offset != 0.0:
+                x = x + steps.offset
+            if self.memory_format == "channels_last":
+                x = x.contiguous(memory_format=torch.channels_last_3d)
+            if self.compile == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
+            with self.autocast():
+                out = _as_tensor(self._forward(x))
+            y = out
+            if steps.channels is not None:
+                y = y[:, list(steps.channels)]
+            if steps.crop is not None:
+                y = y[(slice(None), slice(None)) + tuple(steps.crop)]
+            y = y.float()
+            if steps.output_dtype == np.uint8:
+                y = y.clamp(0.0, 1.0).mul_(255.0).round_().to(torch.uint8)
+            elif steps.output_dtype == np.float16:
+                y = y.to(torch.float16)
+            y = y.contiguous()
+            if self.compile == "reduce-overhead" and y.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+                y = y.clone()  # CUDA graphs reuse their output buffer at the next replay
+            return y
+
+    def _submit_cuda(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
+        first = _upload_form(blocks[0])
+        host_in = self._pool.take((len(blocks),) + first.shape, torch.from_numpy(first[:0]).dtype)
+        np.stack([_upload_form(b) for b in blocks], out=host_in.numpy())
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
+        with torch.cuda.stream(self._upload):
+            events[0].record()
+            on_device = host_in.to(self.device, non_blocking=True)
+            events[1].record()
+        self._compute.wait_event(events[1])
+        with torch.cuda.stream(self._compute):
+            on_device.record_stream(self._compute)  # made on the upload stream, used on this one
+            events[2].record()
+            result = self._steps(on_device, blocks[0].dtype, steps)
+            events[3].record()
+        self._download.wait_event(events[3])
+        host_out = self._pool.take(tuple(result.shape), result.dtype)
+        with torch.cuda.stream(self._download):
+            result.record_stream(self._download)
+            events[4].record()
+            host_out.copy_(result, non_blocking=True)
+            events[5].record()
+
+        def finish() -> tuple[np.ndarray, float, float]:
+            events[5].synchronize()
+            values = host_out.numpy().copy()
+            self._pool.give(host_in)
+            self._pool.give(host_out)
+            transfer_ms = events[0].elapsed_time(events[1]) + events[4].elapsed_time(events[5])
+            return values, events[2].elapsed_time(events[3]) / 1e3, transfer_ms / 1e3
+
+        return Pending(_finish=finish)
+
+    def release_memory(self) -> None:
+        """Give cached device memory back (after an out-of-memory error, or trial runs)."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
 
 def _as_tensor(result) -> torch.Tensor:

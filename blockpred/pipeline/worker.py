@@ -1,16 +1,21 @@
-"""The worker loop: prefetch -> batch -> infer -> crop and convert -> write.
+"""The worker loop: prefetch -> batch -> device (normalise, network, crop, convert) -> write.
 
-:func:`run_blocks` is the one execution path: the CLI, the Python API and (in
-later versions) every dask worker run it over the blocks they are given.
-Memory is bounded by ``(prefetch + batch_size) x input block bytes`` plus
-``2 x num_writers x output block bytes``, never by the volume.
+:func:`run_blocks` is the one execution path: the CLI, the Python API and
+every dask worker run it over the blocks they are given.  Readers hand over
+raw blocks; the device does all the arithmetic (see :mod:`.infer`).  Batch n+1
+is submitted before batch n is collected, so on CUDA the copies and the
+network overlap.  Memory is bounded by ``(prefetch + 2 x batch_size)`` raw
+input blocks plus ``2 x num_writers`` output blocks, never by the volume.
+Out-of-memory errors shrink the batch, then the block (see :mod:`.backoff`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -18,12 +23,16 @@ import numpy as np
 
 from ..blocking import Block
 from ..errors import BlockFailedError
+from ..geometry import Coord
 from ..io.base import Volume
-from ..normalize import Normalization, convert_output
+from ..normalize import Normalization
 from ..padding import read_padded
-from .infer import Predictor
+from .backoff import Backoff, is_out_of_memory, split_core
+from .infer import DeviceSteps, Pending, Predictor
 from .prefetch import prefetch
 from .writer import BlockWriter
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +48,8 @@ class PipelineSettings:
     normalization: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")
     channels: tuple[int, ...] | None = None
+    #: The network's total downsampling: blocks predicted in parts keep to its grid.
+    downsampling: Coord = Coord((1, 1, 1))
     #: A run stops early after this many failed blocks.
     max_failures: int = 10
 
@@ -55,6 +66,10 @@ class RunStats:
     transfer_s: float = 0.0  # host <-> device copies (CUDA); not part of compute_s
     compute_s: float = 0.0
     write_s: float = 0.0
+    #: Out-of-memory errors recovered from, and the batch size and block parts in force at the end.
+    out_of_memory: int = 0
+    batch_size: int = 0
+    block_parts: Coord = Coord((1, 1, 1))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, stage: str, seconds: float) -> None:
@@ -65,16 +80,16 @@ class RunStats:
     def mvox_per_s(self) -> float:
         return self.num_voxels / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
-
-def _batches(items: Iterator, size: int) -> Iterator[list]:
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+    def recovery_note(self, initial_batch: int) -> str:
+        """What out-of-memory recovery did ('' when nothing happened)."""
+        if not self.out_of_memory:
+            return ""
+        changes = []
+        if self.batch_size and self.batch_size != initial_batch:
+            changes.append(f"batch size {initial_batch} -> {self.batch_size}")
+        if self.block_parts != Coord((1, 1, 1)):
+            changes.append(f"blocks predicted in {'x'.join(map(str, self.block_parts))} parts")
+        return f"recovered from {self.out_of_memory} out-of-memory error(s): {', '.join(changes)}"
 
 
 def run_blocks(
@@ -87,6 +102,7 @@ def run_blocks(
     on_block_done: Callable[[Block], None] | None = None,
     skip: Callable[[Block, np.ndarray], bool] | None = None,
     on_block_skipped: Callable[[Block], None] | None = None,
+    backoff: Backoff | None = None,
 ) -> RunStats:
     """Predict ``blocks`` from ``source`` into ``sink``; returns when every write is done.
 
@@ -95,15 +111,20 @@ def run_blocks(
     (its ``failed`` attribute lists every failed block index), after every other
     block has been written.  After ``settings.max_failures`` failures the run
     stops early (a systematic fault should not grind through a whole volume).
+    Out of memory is not a failure while the batch or the block can shrink:
+    the same blocks run again smaller.  ``backoff`` carries the sizes that fit
+    from one call to the next (a dask worker keeps one); by default it starts
+    at ``settings.batch_size``.
 
     ``on_block_done(block)`` is called from a writer thread once the block's
-    data is written.  ``skip(block, data)``, given the block's raw input (before
-    normalisation), may say the block needs no network: it is then not written
-    and ``on_block_skipped(block)`` is called.
+    data is written.  ``skip(block, data)``, given the block's raw input, may
+    say the block needs no network: it is then not written and
+    ``on_block_skipped(block)`` is called.
     """
     stats = RunStats()
     start = time.perf_counter()
-    channel_index = slice(None) if settings.channels is None else list(settings.channels)
+    backoff = backoff if backoff is not None else Backoff(settings.batch_size)
+    events_before = backoff.events
     failures: list[BlockFailedError] = []
     failures_lock = threading.Lock()
 
@@ -114,7 +135,6 @@ def run_blocks(
             return None
         if data.ndim == 3:
             data = data[np.newaxis]
-        data = settings.normalization.apply(data)
         stats.add("read_s", time.perf_counter() - begin)
         return data
 
@@ -136,16 +156,22 @@ def run_blocks(
 
     writer = BlockWriter(sink, num_threads=settings.num_writers, max_pending=2 * settings.num_writers,
                          on_written=written, on_failed=failed)
+    device = _DeviceFeed(predictor, settings, backoff, writer, failed, stats)
     reads = prefetch(blocks, read, num_threads=settings.num_readers, depth=settings.prefetch)
     try:
         with contextlib.closing(reads):
-            for batch in _batches(_usable(reads, failed, on_block_skipped, stats), settings.batch_size):
-                _infer_and_write(batch, predictor, writer, failed, stats, channel_index, settings.output_dtype)
+            for item in _usable(reads, failed, on_block_skipped, stats):
+                device.add(item)
                 if too_many_failures():
                     break
+            else:
+                device.flush()
     finally:
+        device.close()
         writer.close()
     stats.seconds = time.perf_counter() - start
+    stats.out_of_memory = backoff.events - events_before
+    stats.batch_size, stats.block_parts = backoff.batch_size, backoff.parts
     if failures:
         first = failures[0]
         first.failed = [f.block_index for f in failures]
@@ -169,26 +195,125 @@ def _usable(reads, failed, on_block_skipped, stats) -> Iterator[tuple[Block, np.
             yield block, data
 
 
-def _infer_and_write(batch, predictor, writer, failed, stats, channel_index, output_dtype) -> None:
-    batch_blocks = [block for block, _ in batch]
-    inputs = np.stack([data for _, data in batch])
-    del batch
-    begin = time.perf_counter()
-    try:
-        outputs = predictor(inputs)
-    except Exception as err:
+class _DeviceFeed:
+    """Batches read blocks onto the device, one batch in flight, and hands results to the writer.
+
+    Out of memory puts the batch back at the head of the queue after the
+    back-off has shrunk the batch or the block parts; any other error fails
+    the batch's blocks.  Nothing of a batch is written before all of it is back.
+    """
+
+    def __init__(self, predictor: Predictor, settings: PipelineSettings, backoff: Backoff, writer: BlockWriter,
+                 failed: Callable[[Block, BlockFailedError], None], stats: RunStats):
+        self._predictor, self._settings, self._backoff = predictor, settings, backoff
+        self._writer, self._failed, self._stats = writer, failed, stats
+        self._queue: deque[tuple[Block, np.ndarray]] = deque()
+        self._in_flight: tuple[list[tuple[Block, np.ndarray]], Pending] | None = None
+
+    def add(self, item: tuple[Block, np.ndarray]) -> None:
+        self._queue.append(item)
+        while len(self._queue) >= self._backoff.batch_size:
+            self._launch()
+
+    def flush(self) -> None:
+        while self._queue:
+            self._launch()
+        self._collect()
+
+    def close(self) -> None:
+        """Collect what is in flight (finished results are written, never dropped)."""
+        self._collect()
+
+    def _steps(self, block: Block, core_shape: Coord, data: np.ndarray) -> DeviceSteps:
+        halo = block.core_box.begin - block.output_begin
+        scale, offset = self._settings.normalization.scale_offset(data.dtype)
+        return DeviceSteps(scale=scale, offset=offset, crop=tuple(slice(h, h + n) for h, n in zip(halo, core_shape)),
+                           channels=self._settings.channels, output_dtype=self._settings.output_dtype)
+
+    def _launch(self) -> None:
+        items = [self._queue.popleft() for _ in range(min(self._backoff.batch_size, len(self._queue)))]
+        if self._backoff.parts != Coord((1, 1, 1)):
+            self._collect()
+            for item in items:
+                self._in_parts(*item)
+            return
+        block, data = items[0]
+        try:
+            pending = self._predictor.submit([d for _, d in items], self._steps(block, block.core_box.shape, data))
+        except Exception as err:  # noqa: BLE001 - out of memory shrinks and retries; the rest fails the batch
+            self._collect()
+            if self._shrink(err, block):
+                self._queue.extendleft(reversed(items))
+            else:
+                self._fail(items, err)
+            return
+        self._collect()
+        self._in_flight = (items, pending)
+
+    def _collect(self) -> None:
+        if self._in_flight is None:
+            return
+        items, pending = self._in_flight
+        self._in_flight = None
+        try:
+            values = pending.result()
+        except Exception as err:  # noqa: BLE001 - reported per block
+            self._fail(items, err)
+            return
+        self._stats.add("compute_s", pending.compute_s)
+        self._stats.add("transfer_s", pending.transfer_s)
+        for (block, _), core_values in zip(items, values):
+            self._write(block, core_values)
+
+    def _in_parts(self, block: Block, data: np.ndarray) -> None:
+        """One block predicted in parts that tile its core, assembled, then written once."""
+        core_shape = block.core_box.shape
+        extra = Coord(data.shape[1:]) - core_shape  # 2 x (halo + context), rounded up
+        while True:
+            parts = split_core(core_shape, self._backoff.parts, self._settings.downsampling)
+            try:
+                assembled = None
+                for part in parts:
+                    window = data[(slice(None),) + tuple(slice(b, b + n + e)
+                                                         for b, n, e in zip(part.begin, part.shape, extra))]
+                    pending = self._predictor.submit([window], self._steps(block, part.shape, window))
+                    values = pending.result()[0]
+                    self._stats.add("compute_s", pending.compute_s)
+                    self._stats.add("transfer_s", pending.transfer_s)
+                    if assembled is None:
+                        assembled = np.empty((values.shape[0],) + tuple(core_shape), dtype=values.dtype)
+                    assembled[(slice(None),) + part.to_slices()] = values
+            except Exception as err:  # noqa: BLE001 - as in _launch
+                if self._shrink(err, block):
+                    continue
+                self._fail([(block, data)], err)
+                return
+            self._write(block, assembled)
+            return
+
+    def _shrink(self, error: Exception, block: Block) -> bool:
+        """After an out-of-memory error: free the device's cache and shrink; False if it cannot help."""
+        if not is_out_of_memory(error):
+            return False
+        self._predictor.release_memory()
+        before = (self._backoff.batch_size, self._backoff.parts)
+        if not self._backoff.reduce(block.core_box.shape, self._settings.downsampling):
+            return False
+        logger.warning("out of memory on %s (batch %d, parts %s); retrying with batch %d, block parts %s",
+                       block, before[0], "x".join(map(str, before[1])), self._backoff.batch_size,
+                       "x".join(map(str, self._backoff.parts)))
+        return True
+
+    def _write(self, block: Block, core_values: np.ndarray) -> None:
+        crop = block.write_box.relative_to(block.core_box.begin).to_slices()
+        self._writer.submit(block, core_values[(slice(None),) + crop])
+
+    def _fail(self, items: list[tuple[Block, np.ndarray]], err: Exception) -> None:
+        blocks = [block for block, _ in items]
         batch_note = ""
-        if len(batch_blocks) > 1:
-            batch_note = f" in a batch with {', '.join(str(tuple(b.index)) for b in batch_blocks)}"
-        for block in batch_blocks:
+        if len(blocks) > 1:
+            batch_note = f" in a batch with {', '.join(str(tuple(b.index)) for b in blocks)}"
+        for block in blocks:
             error = BlockFailedError(block.index, f"the network failed on {block}{batch_note}: {err}")
             error.__cause__ = err
-            failed(block, error)
-        return
-    transfer_s = getattr(predictor, "last_transfer_s", 0.0)
-    stats.add("transfer_s", transfer_s)
-    stats.add("compute_s", time.perf_counter() - begin - transfer_s)
-    del inputs
-    for block, values in zip(batch_blocks, outputs):
-        cropped = values[channel_index][(slice(None),) + block.output_crop.to_slices()]
-        writer.submit(block, convert_output(cropped, output_dtype))
+            self._failed(block, error)

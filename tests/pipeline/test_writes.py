@@ -12,7 +12,7 @@ from blockpred.geometry import Coord
 from blockpred.io import open_volume
 from blockpred.io.base import Volume, VolumePath
 from blockpred.models import load_model
-from blockpred.pipeline import PipelineSettings, Predictor, run_blocks
+from blockpred.pipeline import Backoff, PipelineSettings, Predictor, run_blocks
 from blockpred.network import probe_network
 from tests.helpers import write_test_volume
 
@@ -51,8 +51,9 @@ class ArrayVolume(Volume):
         self._array[index] = data
 
 
-@pytest.mark.parametrize("batch_size, num_writers", [(1, 1), (3, 4)])
-def test_every_output_chunk_is_written_exactly_once(tmp_path, batch_size, num_writers):
+@pytest.mark.parametrize("batch_size, num_writers, parts", [(1, 1, None), (3, 4, None), (1, 2, (2, 2, 1))])
+def test_every_output_chunk_is_written_exactly_once(tmp_path, batch_size, num_writers, parts):
+    """Also when blocks are predicted in parts (as after an out-of-memory error)."""
     rng = np.random.default_rng(0)
     shape = (40, 70, 53)
     source = open_volume(write_test_volume(str(tmp_path / "in.zarr"), rng.integers(0, 255, shape, dtype=np.uint8)))
@@ -69,8 +70,9 @@ def test_every_output_chunk_is_written_exactly_once(tmp_path, batch_size, num_wr
     geometry = probe_network(predictor, in_channels=1, block=block, halo=halo, downsampling=model.downsampling)
     plan = plan_blocks(volume_shape=Coord(shape), block_shape=block, halo=halo, input_shape=geometry.input_shape,
                        downsampling=model.downsampling, chunk_shape=Coord(chunks))
-    stats = run_blocks(plan, source=source, sink=sink, predictor=predictor,
-                       settings=PipelineSettings(batch_size=batch_size, num_writers=num_writers))
+    backoff = Backoff(batch_size, parts=Coord(parts)) if parts else None
+    settings = PipelineSettings(batch_size=batch_size, num_writers=num_writers, downsampling=model.downsampling)
+    stats = run_blocks(plan, source=source, sink=sink, predictor=predictor, settings=settings, backoff=backoff)
 
     expected_chunks = {f"c/0/{z}/{y}/{x}" for z in range(5) for y in range(5) for x in range(4)}
     chunk_sets = {k: n for k, n in store.sets.items() if k.startswith("c/")}

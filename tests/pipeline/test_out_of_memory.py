@@ -1,0 +1,127 @@
+"""Out of memory during a run: the batch halves, then blocks run in parts; nothing is lost or written twice.
+
+The device's memory is injected: ``tests.networks:memory_limited`` raises
+``torch.OutOfMemoryError`` on a pass over more input voxels than its budget.
+"""
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings, strategies as st
+
+import blockpred
+from blockpred.errors import BlockFailedError
+from blockpred.geometry import Box, Coord
+from blockpred.markers import DoneMarkers, markers_path
+from blockpred.io import parse_volume_path
+from blockpred.pipeline import Backoff, is_out_of_memory
+from blockpred.pipeline.backoff import split_core
+from tests.helpers import write_test_volume
+
+import torch
+
+SHAPE = (48, 64, 64)
+BLOCK = 32  # 2 x 2 x 2 blocks; tiny's halo 10 makes each block's input 52^3 = 140,608 voxels
+BLOCK_INPUT = 52**3
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory):
+    rng = np.random.default_rng(5)
+    path = tmp_path_factory.mktemp("oom") / "in.zarr"
+    return write_test_volume(str(path), rng.integers(0, 256, SHAPE, dtype=np.uint8))
+
+
+def predict(volume, out, budget, *, batch_size=1, spare_zeros=False, transient=None, **options):
+    kwargs = {"budget_voxels": budget, "spare_zeros": spare_zeros, "transient": transient}
+    return blockpred.predict(volume, str(out), model="tests.networks:memory_limited", model_kwargs=kwargs,
+                             block=BLOCK, halo=10, batch_size=batch_size, progress=False, local=True, **options)
+
+
+def written(out) -> np.ndarray:
+    return zarr.open_group(str(out), mode="r")["0"][:]
+
+
+@pytest.fixture(scope="module")
+def undisturbed(volume, tmp_path_factory):
+    out = tmp_path_factory.mktemp("undisturbed") / "out.zarr"
+    predict(volume, out, budget=10**9, batch_size=4)
+    return written(out)
+
+
+def test_a_batch_that_does_not_fit_is_halved_and_the_output_is_identical(volume, undisturbed, tmp_path):
+    out = tmp_path / "out.zarr"
+    summary = predict(volume, out, budget=2 * BLOCK_INPUT, batch_size=4)
+
+    assert summary.stats.out_of_memory == 1 and summary.stats.batch_size == 2
+    assert "recovered from 1 out-of-memory error(s): batch size 4 -> 2" in str(summary)
+    assert summary.stats.num_blocks == 8
+    np.testing.assert_array_equal(written(out), undisturbed)
+
+
+def test_a_block_that_does_not_fit_at_batch_1_is_predicted_in_parts_and_written_once(volume, undisturbed, tmp_path):
+    out = tmp_path / "out.zarr"
+    # Dry runs (zeros) fit, real blocks do not: the run learns it mid-way, as on a GPU shared with others.
+    summary = predict(volume, out, budget=BLOCK_INPUT - 1, batch_size=2, spare_zeros=True)
+
+    assert summary.stats.out_of_memory == 2  # batch 2 -> 1, then each block in 2 parts
+    assert summary.stats.block_parts.prod() == 2
+    assert "blocks predicted in 2x1x1 parts" in str(summary)
+    assert summary.stats.num_blocks == 8 and summary.stats.num_voxels == int(np.prod(SHAPE))
+    markers = DoneMarkers.open(markers_path(parse_volume_path(str(out))))
+    assert len(markers.finished_indices()) == 8
+    # The parts carry the block's halo, which covers tiny's receptive field: the same numbers up to
+    # float32 rounding of convolutions over other shapes (CPU kernels differ in the last bit
+    # between shapes, and even between batch 1 and batch 2).
+    np.testing.assert_allclose(written(out), undisturbed, rtol=0, atol=1e-5)
+
+
+def test_a_transient_out_of_memory_error_costs_nothing_but_a_smaller_batch(volume, undisturbed, tmp_path):
+    out = tmp_path / "out.zarr"
+    summary = predict(volume, out, budget=BLOCK_INPUT, batch_size=4, transient=1)
+
+    assert summary.stats.out_of_memory == 1 and summary.stats.batch_size == 2 and summary.stats.num_blocks == 8
+    np.testing.assert_array_equal(written(out), undisturbed)
+
+
+def test_when_nothing_small_enough_fits_the_blocks_fail_naming_out_of_memory_and_nothing_is_written(volume, tmp_path):
+    out = tmp_path / "out.zarr"
+    with pytest.raises(BlockFailedError, match="out of memory") as caught:
+        predict(volume, out, budget=1000, spare_zeros=True, retries=0)
+
+    assert len(caught.value.failed) == 8
+    markers = DoneMarkers.open(markers_path(parse_volume_path(str(out))))
+    assert markers.finished_indices() == set() or len(markers.finished_indices()) == 0
+    assert zarr.open_group(str(out), mode="r")["0"].nchunks_initialized == 0
+
+
+def test_out_of_memory_errors_are_recognised_whatever_raised_them():
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory"))
+    assert not is_out_of_memory(RuntimeError("Given groups=1, weight of size [4, 1, 3, 3, 3], expected input"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(core=st.tuples(*[st.integers(1, 12)] * 3), step=st.tuples(*[st.sampled_from([1, 2, 3, 4])] * 3),
+       batch=st.integers(1, 9))
+def test_backoff_shrinks_until_one_step_per_part_and_the_parts_always_tile_the_core(core, step, batch):
+    core_shape, step = Coord(c * s for c, s in zip(core, step)), Coord(step)
+    backoff = Backoff(batch)
+    previous_voxels = None
+    while True:
+        parts = split_core(core_shape, backoff.parts, step)
+        covered = np.zeros(tuple(core_shape), dtype=np.int8)
+        for part in parts:
+            assert all(b % s == 0 for b, s in zip(part.begin, step)), "a part starts off the pooling grid"
+            covered[part.to_slices()] += 1
+        assert (covered == 1).all(), "the parts do not tile the core exactly once"
+        largest = max(part.size for part in parts)
+        if backoff.batch_size == 1 and previous_voxels is not None:
+            assert largest < previous_voxels
+        previous_voxels = largest if backoff.batch_size == 1 else None
+        if not backoff.reduce(core_shape, step):
+            break
+    assert backoff.batch_size == 1
+    assert max(part.size for part in split_core(core_shape, backoff.parts, step)) == step.prod()
