@@ -74,15 +74,15 @@ def measure(predictor: Predictor, *, model_name: str, in_channels: int, block: C
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     latencies = []
-    with torch.inference_mode(), predictor.autocast():
+    with torch.inference_mode():
         for _ in range(warmup):
-            predictor.module(batch)
+            predictor.forward(batch)
         if cuda:
             torch.cuda.synchronize(device)
         with DeviceMonitor(device) as monitor:
             for _ in range(iterations):
                 start = time.perf_counter()
-                predictor.module(batch)
+                predictor.forward(batch)
                 if cuda:
                     torch.cuda.synchronize(device)
                 latencies.append(time.perf_counter() - start)
@@ -118,32 +118,67 @@ def format_table(results: list[ThroughputResult]) -> str:
     return "\n".join(lines)
 
 
-def run(*, model: str = "tiny", weights: str | None = None, block: Coord | None = None, halo: Coord | None = None,
-        batch_sizes: tuple[int, ...] = (1,), precisions: tuple[str, ...] = ("fp32",), device: str = "auto",
-        warmup: int = 2, iterations: int = 5, progress=None) -> list[ThroughputResult]:
-    """Measure every batch size x precision; shapes from the options or the model's defaults."""
+def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str | None = None,
+        halo: Coord | None = None, batch_sizes: tuple[int | str, ...] = (1,), precisions: tuple[str, ...] = ("fp32",),
+        device: str = "auto", warmup: int = 2, iterations: int = 5, compile: str = "off",
+        memory_format: str = "contiguous", region: Coord = Coord((128, 256, 256)),
+        progress=None) -> list[ThroughputResult]:
+    """Measure every batch size x precision; shapes from the options or the model's defaults.
+
+    ``block="auto"`` or a batch size ``"auto"`` choose them per precision as
+    ``blockpred run`` would for a volume of shape ``region``.
+    """
     from .models import load_model
     from .network import probe_network
     from .pipeline import resolve_device
     from .runner import DEFAULT_BLOCK, DEFAULT_HALO
 
-    loaded = load_model(model, weights=weights)
     target = resolve_device(device)
-    block = block or loaded.default_block or DEFAULT_BLOCK
-    halo = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else DEFAULT_HALO)
-    in_channels = loaded.in_channels or 1
     results = []
     for precision in precisions:
-        predictor = Predictor(loaded.module, target, precision)
-        geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+        loaded = load_model(model, weights=weights)  # afresh: a predictor casts the weights to its precision
+        chosen = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
+        halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else DEFAULT_HALO)
+        in_channels = loaded.in_channels or 1
+        predictor = Predictor(loaded.module, target, precision, compile=compile, memory_format=memory_format)
+        batches = list(batch_sizes)
+        if block == "auto" or "auto" in batches:
+            sizing = _auto_size(loaded, predictor, in_channels, chosen, halo_, region,
+                                search_block=block == "auto", fixed_batch=None if "auto" in batches else batches[0])
+            if progress is not None:
+                progress(f"{loaded.name} {precision}: auto size {sizing}")
+            chosen = sizing.block
+            batches = [sizing.batch_size if b == "auto" else b for b in batches]
+        geometry = probe_network(predictor, in_channels=in_channels, block=chosen, halo=halo_,
                                  downsampling=loaded.downsampling)
-        for batch_size in batch_sizes:
+        for batch_size in dict.fromkeys(batches):
             if progress is not None:
                 progress(f"{loaded.name} {precision} batch {batch_size}: input {tuple(geometry.input_shape)}")
-            results.append(measure(predictor, model_name=loaded.name, in_channels=in_channels, block=block,
-                                   input_shape=geometry.input_shape, batch_size=batch_size, warmup=warmup,
+            results.append(measure(predictor, model_name=loaded.name, in_channels=in_channels, block=chosen,
+                                   input_shape=geometry.input_shape, batch_size=int(batch_size), warmup=warmup,
                                    iterations=iterations))
     return results
+
+
+def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, halo: Coord, region: Coord, *,
+               search_block: bool, fixed_batch: int | None):
+    """The run's auto sizing for a uint8 volume of shape ``region`` (see :mod:`blockpred.autosize`)."""
+    from .autosize import SizeProblem, choose_sizes
+    from .geometry import Box
+    from .network import probe_network
+    from .pipeline import DeviceSteps
+
+    step = loaded.downsampling
+    small = (block // 4).maximum(step).ceil_div(step) * step if search_block else block
+    geometry = probe_network(predictor, in_channels=in_channels, block=small, halo=halo, downsampling=step)
+    problem = SizeProblem(
+        in_channels=in_channels, raw_dtype=np.dtype("uint8"), halo=halo, context=geometry.context,
+        input_extra=geometry.input_shape - (small + (halo + geometry.context) * 2), step=step, base_block=block,
+        roi=Box.from_shape(region), steps=DeviceSteps(scale=1 / 255), fixed_block=None if search_block else block,
+        fixed_batch=fixed_batch,
+    )
+    return choose_sizes(predictor, problem, model_key={"name": loaded.name, "weights": loaded.weights_sha256,
+                                                        "kwargs": {}})
 
 
 @dataclass
@@ -160,6 +195,8 @@ class PipelineResult:
     compute_s: float  # network calls, copies excluded
     write_s: float
     workers: int
+    #: Device load sampled over the run (GPU utilisation of the first device; on the CPU, this process's).
+    load: dict = field(default_factory=dict)
 
     @property
     def efficiency(self) -> float:
@@ -178,7 +215,8 @@ class PipelineResult:
 
 def run_pipeline(*, model: str, weights: str | None, block: Coord, halo: Coord, batch_size: int, precision: str,
                  device: str, model_only: ThroughputResult, input_path: str | None, volume_shape: Coord,
-                 workdir: str, workers: int | None = None) -> PipelineResult:
+                 workdir: str, workers: int | None = None, compile: str = "off",
+                 memory_format: str = "contiguous") -> PipelineResult:
     """Predict ``input_path`` (or a synthetic EM volume of ``volume_shape``) with the real run path."""
     from pathlib import Path
 
@@ -192,14 +230,18 @@ def run_pipeline(*, model: str, weights: str | None, block: Coord, halo: Coord, 
                                chunk_shape=Coord((64, 64, 64)).minimum(volume_shape), ome=False, overwrite=True)
         volume.write(volume.box, make_em_volume(volume_shape))
         volume.close()
-    summary = predict(input_path, str(Path(workdir) / "bench-output.zarr"), model=model, weights=weights,
-                      block=block, halo=halo, batch_size=batch_size, precision=precision, device=device,
-                      overwrite=True, progress=False, workers=workers)
+    from .pipeline import resolve_device
+
+    with DeviceMonitor(resolve_device(device)) as monitor:
+        summary = predict(input_path, str(Path(workdir) / "bench-output.zarr"), model=model, weights=weights,
+                          block=block, halo=halo, batch_size=batch_size, precision=precision, device=device,
+                          overwrite=True, progress=False, workers=workers, compile=compile,
+                          memory_format=memory_format)
     stats = summary.stats
     return PipelineResult(list(summary.plan.volume_box.shape), stats.num_blocks, stats.seconds, stats.mvox_per_s,
                           model_only.output_mvox_per_s, stats.read_s, stats.transfer_s, stats.compute_s,
                           stats.write_s,
-                          max(1, len(summary.workers)))
+                          max(1, len(summary.workers)), monitor.summary())
 
 
 @dataclass
@@ -275,10 +317,10 @@ def format_markdown(results: list[ThroughputResult], pipeline: PipelineResult | 
     if pipeline is not None:
         p = pipeline
         lines += ["", "| volume | blocks | end-to-end Mvox/s | model-only Mvox/s | efficiency | read s | transfer s | "
-                  "compute s | write s | limiting |", "|---|---|---|---|---|---|---|---|---|---|",
+                  "compute s | write s | limiting | load |", "|---|---|---|---|---|---|---|---|---|---|---|",
                   f"| {'×'.join(map(str, p.volume_shape))} | {p.num_blocks} | {p.mvox_per_s:.2f} | "
                   f"{p.model_only_mvox_per_s:.2f} | {p.efficiency:.2f} | {p.read_s:.1f} | {p.transfer_s:.1f} | "
-                  f"{p.compute_s:.1f} | {p.write_s:.1f} | {p.limiting_stage} |"]
+                  f"{p.compute_s:.1f} | {p.write_s:.1f} | {p.limiting_stage} | {p.load.get('label', '')} |"]
     if training is not None:
         t = training
         lines += ["", "| training batch | input | iterations/min | hours per 100k iterations |", "|---|---|---|---|",

@@ -26,7 +26,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--trust-pickle", action="store_true", default=None,
                    help="allow unpickling a whole checkpoint; this runs code from the file, so only for trusted files")
     g = parser.add_argument_group("blocks")
-    g.add_argument("--block", help="block core Z,Y,X (or one number): what one block writes [model's default]")
+    g.add_argument("--block", help="block core Z,Y,X (or one number): what one block writes; auto: the fastest "
+                   "that fits the device, by trial passes (cached) [model's default]")
     g.add_argument("--halo", help="context Z,Y,X read around each block and cropped [model's default]")
     g.add_argument("--downsampling", help="the network's total downsampling Z,Y,X, for networks that cannot tell")
     g.add_argument("--roi", help="sub-volume z0:z1,y0:y1,x0:x1 to predict [whole volume]")
@@ -34,9 +35,15 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("device")
     g.add_argument("--device", help="auto, cpu, cuda or cuda:N [auto]")
     g.add_argument("--precision", choices=("fp32", "tf32", "fp16", "bf16"), help="[fp32]")
-    g.add_argument("--batch-size", type=int, help="blocks per forward pass [1]")
-    g.add_argument("--readers", dest="num_readers", type=int, help="reader threads [2]")
-    g.add_argument("--writers", dest="num_writers", type=int, help="writer threads [2]")
+    g.add_argument("--batch-size", help="blocks per forward pass; auto: the fastest that fits [1]")
+    g.add_argument("--compile", choices=("off", "default", "reduce-overhead", "max-autotune"),
+                   help="torch.compile the network; reduce-overhead replays CUDA graphs [off]")
+    g.add_argument("--memory-format", choices=("contiguous", "channels_last"),
+                   help="activation layout; channels_last is channels_last_3d [contiguous]")
+    g.add_argument("--readers", dest="num_readers", type=int,
+                   help="reader threads per worker [half its CPU cores, 2 to 8]")
+    g.add_argument("--writers", dest="num_writers", type=int,
+                   help="writer threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--prefetch", type=int, help="blocks read ahead of the device [4]")
     g = parser.add_argument_group("workers (dask)")
     g.add_argument("--workers", type=int, help="local workers [one per visible GPU, else 1]")
@@ -59,7 +66,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
              "output_chunks", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
-             "retries", "skip_empty", "mask")
+             "retries", "skip_empty", "mask", "compile", "memory_format")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,9 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Time forward passes on device-resident data; extrapolate runtimes.")
     bench.add_argument("--model", default="tiny", help="preset, model file or package.module:factory [tiny]")
     bench.add_argument("--weights", help="state-dict file for a factory or preset")
-    bench.add_argument("--block", help="block core Z,Y,X [model's default]")
+    bench.add_argument("--block", help="block core Z,Y,X, or auto (as `run --block auto` for --volume-shape) "
+                       "[model's default]")
     bench.add_argument("--halo", help="halo Z,Y,X [model's default]")
-    bench.add_argument("--batch-size", default="1", help="batch sizes, e.g. 1,2,4 [1]")
+    bench.add_argument("--batch-size", default="1", help="batch sizes, e.g. 1,2,4 or auto [1]")
+    bench.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead", "max-autotune"),
+                       help="torch.compile the network [off]")
+    bench.add_argument("--memory-format", default="contiguous", choices=("contiguous", "channels_last"),
+                       help="activation layout [contiguous]")
     bench.add_argument("--precision", default="fp32", help="precisions, e.g. fp32,tf32,fp16,bf16 [fp32]")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N [auto]")
     bench.add_argument("--warmup", type=int, default=2, help="untimed passes per configuration [2]")
@@ -97,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--assume-mvox-per-s", type=float, help="skip the measurement; extrapolate from this figure")
     bench.add_argument("--pipeline", action="store_true", help="also run the real `blockpred run` path end to end")
     bench.add_argument("--input", help="volume for --pipeline [a synthetic EM volume of --volume-shape]")
-    bench.add_argument("--volume-shape", default="128,256,256", help="synthetic volume for --pipeline [128,256,256]")
+    bench.add_argument("--volume-shape", default="128,256,256",
+                       help="synthetic volume for --pipeline, and the region --block auto sizes for [128,256,256]")
     bench.add_argument("--workers", type=int, help="dask workers for --pipeline [one per device]")
     bench.add_argument("--train", action="store_true", help="also time training iterations on the same block")
     bench.add_argument("--json", help="write every figure and the environment to this JSON file")
@@ -164,12 +177,16 @@ def _bench(args: argparse.Namespace) -> int:
     results, pipeline, training = [], None, None
     say = lambda text: print(f"{text} ...", file=sys.stderr, flush=True)  # noqa: E731
     if mvox is None:
-        block = parse_shape(args.block, "block") if args.block else None
+        block = None
+        if args.block:
+            block = "auto" if args.block.strip().lower() == "auto" else parse_shape(args.block, "block")
         halo = parse_shape(args.halo, "halo") if args.halo else None
+        batch_sizes = ["auto"] if args.batch_size.strip().lower() == "auto" else numbers(args.batch_size, "--batch-size")
         results = benchmark.run(
             model=args.model, weights=args.weights, block=block, halo=halo,
-            batch_sizes=tuple(numbers(args.batch_size, "--batch-size")), precisions=tuple(precisions),
-            device=args.device, warmup=args.warmup, iterations=args.iterations,
+            batch_sizes=tuple(batch_sizes), precisions=tuple(precisions),
+            device=args.device, warmup=args.warmup, iterations=args.iterations, compile=args.compile,
+            memory_format=args.memory_format, region=parse_shape(args.volume_shape, "volume shape"),
             progress=lambda text: say(f"measuring {text}"))
         first = results[0]
         print(f"model {first.model} on {first.device}: block {tuple(first.block)} -> network input "
@@ -186,13 +203,15 @@ def _bench(args: argparse.Namespace) -> int:
                 pipeline = benchmark.run_pipeline(
                     model=args.model, weights=args.weights, block=Coord(best.block), halo=halo,
                     batch_size=best.batch_size, precision=best.precision, device=args.device, model_only=best,
+                    compile=args.compile, memory_format=args.memory_format,
                     input_path=args.input, volume_shape=parse_shape(args.volume_shape, "volume shape"),
                     workdir=workdir, workers=args.workers)
             p = pipeline
             print(f"end to end over {'x'.join(map(str, p.volume_shape))} ({p.num_blocks} blocks, {p.workers} worker(s)): "
                   f"{p.mvox_per_s:.2f} Mvox/s of the volume, pipeline efficiency {p.efficiency:.2f} "
                   f"(end-to-end / model-only); stage time read {p.read_s:.1f} s, transfer {p.transfer_s:.1f} s, "
-                  f"compute {p.compute_s:.1f} s, write {p.write_s:.1f} s: limited by {p.limiting_stage}")
+                  f"compute {p.compute_s:.1f} s, write {p.write_s:.1f} s: limited by {p.limiting_stage}; "
+                  f"{p.load.get('label', 'load not sampled')}")
             report["pipeline"] = p.as_dict()
         if args.train:
             from .models import load_model

@@ -21,6 +21,7 @@ from .errors import InputNotFoundError, InvalidOptionError
 from .geometry import Box, Coord
 from .normalize import Normalization, parse_output_dtype
 from .padding import PAD_MODES
+from .pipeline.infer import COMPILE_MODES, MEMORY_FORMATS
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -38,8 +39,9 @@ class RunConfig:
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: Allow unpickling a whole checkpoint (runs code from the file: only for trusted files).
     trust_pickle: bool = False
-    #: Block core shape (z, y, x): what one block writes.  None: the model's default, else 64^3.
-    block: Coord | None = None
+    #: Block core shape (z, y, x): what one block writes.  None: the model's default, else 64^3;
+    #: "auto": the fastest that fits the device, found by trial passes (see :mod:`blockpred.autosize`).
+    block: Coord | str | None = None
     #: Context read on each side of the core and cropped away.  None: the model's default.
     halo: Coord | None = None
     #: The network's total downsampling; None: what the model reports (1 if unknown).
@@ -47,8 +49,12 @@ class RunConfig:
     #: "auto" (first CUDA device, else CPU), "cpu", "cuda" or "cuda:N".
     device: str = "auto"
     precision: str = "fp32"
-    #: Blocks per forward pass.
-    batch_size: int = 1
+    #: Blocks per forward pass; "auto": the fastest that fits, found by trial passes.
+    batch_size: int | str = 1
+    #: torch.compile mode: off, default, reduce-overhead (CUDA graphs) or max-autotune.
+    compile: str = "off"
+    #: The network's activations as contiguous (NCDHW) or channels_last (NDHWC, channels_last_3d).
+    memory_format: str = "contiguous"
     normalize: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")
     #: Output chunk shape (z, y, x); None: per axis the largest divisor of the block <= 128.
@@ -62,10 +68,10 @@ class RunConfig:
     pad_value: float = 0.0
     #: Output compression: zstd (default), gzip, blosc or raw.
     compression: str = "zstd"
-    #: Threads reading and normalising blocks ahead of the device.
-    num_readers: int = 2
-    #: Threads writing finished blocks (HDF5 always uses one).
-    num_writers: int = 2
+    #: Threads reading (and decompressing) blocks ahead of the device; None: by the CPU cores per worker.
+    num_readers: int | None = None
+    #: Threads writing (and compressing) finished blocks (HDF5 always uses one); None: as for readers.
+    num_writers: int | None = None
     #: Blocks read ahead of the device; with the batch and pending writes this bounds memory.
     prefetch: int = 4
     overwrite: bool = False
@@ -137,6 +143,16 @@ def _positive_int(value: Any, name: str) -> int:
 
 def _normalise(name: str, value: Any) -> Any:
     """One option's raw value (from YAML, CLI or Python) in its canonical type."""
+    if name in ("block", "batch_size") and isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if name == "compile":
+        if str(value).lower() not in COMPILE_MODES:
+            raise InvalidOptionError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {value!r}")
+        return str(value).lower()
+    if name == "memory_format":
+        if str(value).lower() not in MEMORY_FORMATS:
+            raise InvalidOptionError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {value!r}")
+        return str(value).lower()
     if name in ("block", "halo", "downsampling", "output_chunks"):
         shape = parse_shape(value, name)
         if name == "halo" and any(v < 0 for v in shape):

@@ -48,6 +48,8 @@ class Job:
     model: ModelSpec
     device: str = "auto"
     precision: str = "fp32"
+    compile: str = "off"
+    memory_format: str = "contiguous"
     #: Skip blocks whose input is all one value.
     skip_empty: bool = False
     #: Predict only blocks the mask marks (see :mod:`blockpred.mask`).
@@ -55,7 +57,8 @@ class Job:
 
     def make_predictor(self, device: str | None = None) -> Predictor:
         """Load the model and put it on ``device`` (default: the job's)."""
-        return Predictor(self.model.load().module, resolve_device(device or self.device), self.precision)
+        return Predictor(self.model.load().module, resolve_device(device or self.device), self.precision,
+                         compile=self.compile, memory_format=self.memory_format)
 
     def blocks(self, block_ids: Iterable[int] | None = None) -> list[Block]:
         ids = range(self.plan.num_blocks) if block_ids is None else block_ids

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidOptionError, ModelLoadError
 from .geometry import Coord
+from .pipeline.backoff import is_out_of_memory
 from .pipeline.infer import Predictor
 
 
@@ -29,6 +30,11 @@ def _dry_run(predictor: Predictor, in_channels: int, shape: Coord) -> tuple[int,
         out = predictor.output_shape((1, in_channels) + tuple(shape))
     except Exception as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if is_out_of_memory(err):
+            raise InvalidOptionError(
+                f"the network ran out of device memory on one block (input {'x'.join(map(str, shape))}): "
+                f"use a smaller --block, or --block auto to find the largest that fits"
+            ) from err
         raise ModelLoadError(
             f"the network failed on an input of shape (1, {in_channels}, {', '.join(map(str, shape))}): {first_line}; "
             f"check that it takes {in_channels} input channel(s) and suits the block and halo"

@@ -8,6 +8,7 @@ and leaves the disk as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -35,7 +36,8 @@ from .job import Job, ModelSpec, run_job
 from .mask import Mask
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .network import NetworkGeometry, probe_network
-from .pipeline import Backoff, PipelineSettings, Predictor, RunStats, resolve_device
+from .autosize import SizeChoice, SizeProblem, choose_sizes
+from .pipeline import Backoff, DeviceSteps, PipelineSettings, Predictor, RunStats, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class PredictionSummary:
     workers: dict = field(default_factory=dict)
     #: The batch size the run started with.
     batch_size: int = 1
+    #: What ``block="auto"`` / ``batch_size="auto"`` chose (None when not asked).
+    sizing: SizeChoice | None = None
 
     @property
     def mvox_per_s(self) -> float:
@@ -70,7 +74,7 @@ class PredictionSummary:
 
     def __str__(self) -> str:
         s = self.stats
-        lines = []
+        lines = [f"auto size: {self.sizing}"] if self.sizing is not None else []
         for w in self.workers.values():
             lines.append(f"  worker {w.name} on {w.device}: {w.num_blocks} blocks, {w.mvox_per_s:.2f} Mvox/s")
         extra = []
@@ -124,6 +128,22 @@ def default_chunks(block: Coord, limit: int = MAX_DEFAULT_CHUNK) -> Coord:
     return Coord(max(d for d in range(1, min(b, limit) + 1) if b % d == 0) for b in block)
 
 
+def default_io_threads(cfg: RunConfig) -> int:
+    """Reader (and writer) threads per worker: half the CPU cores each worker has, from 2 to 8.
+
+    Decompression and compression release the GIL, so these threads run in
+    parallel; the bench's stage times show when they limit.
+    """
+    workers = 1 if cfg.local else (cfg.workers or _local_gpus() or 1)
+    return max(2, min(8, (os.cpu_count() or 2) // workers // 2))
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord) -> Coord:
     """The block the options name; else the model's default (or 64^3), no larger than the ROI needs."""
     if config.block is not None:
@@ -154,12 +174,14 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
 
     with open_volume(source_path) as source:
-        job, predictor, model_name = _prepare(cfg, source, source_path, target_path)
+        job, predictor, model_name, sizing = _prepare(cfg, source, source_path, target_path)
     # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
-    return _execute(cfg, job, predictor, model_name, str(source_path), str(target_path))
+    summary = _execute(cfg, job, predictor, model_name, str(source_path), str(target_path))
+    return dataclasses.replace(summary, sizing=sizing) if sizing is not None else summary
 
 
-def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath) -> tuple[Job, Predictor, str]:
+def _prepare(cfg: RunConfig, source, source_path: VolumePath,
+             target_path: VolumePath) -> tuple[Job, Predictor, str, SizeChoice | None]:
     """Every check, the plan, and (only when all passed) the output and its markers."""
     check_input_volume(source)
     exists = volume_exists(target_path)
@@ -186,11 +208,16 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volum
         raise ModelLoadError(
             f"network {model.name!r} takes {model.in_channels} input channel(s) but {source_path} has {in_channels}"
         )
-    predictor = Predictor(model.module, device, cfg.precision)
-    plan, geometry, chunks = _plan(cfg, source, roi, model, predictor)
+    predictor = Predictor(model.module, device, cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format)
+    resume_block = None
+    if previous is not None and not cfg.overwrite and cfg.block == "auto":
+        resume_block = Coord(previous.fingerprint.get("block", ()) or ()) or None  # resume with the block it used
+    layout = _plan(cfg, source, roi, model, predictor, resume_block)
+    plan, geometry, chunks = layout.plan, layout.geometry, layout.chunks
     channels = _check_channels(cfg.channels, geometry)
     settings = PipelineSettings(
-        batch_size=cfg.batch_size, num_readers=cfg.num_readers, num_writers=cfg.num_writers,
+        batch_size=layout.batch_size, num_readers=cfg.num_readers or default_io_threads(cfg),
+        num_writers=cfg.num_writers or default_io_threads(cfg),
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
         downsampling=_downsampling(cfg, model),
@@ -224,8 +251,9 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volum
         if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
             raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {target_path}")
     job = Job(_absolute(source_path), _absolute(target_path), markers, plan, settings, spec, device=cfg.device,
-              precision=cfg.precision, skip_empty=cfg.skip_empty, mask=mask)
-    return job, predictor, model.name
+              precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
+              skip_empty=cfg.skip_empty, mask=mask)
+    return job, predictor, model.name, layout.sizing
 
 
 def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str,
@@ -314,10 +342,26 @@ def _downsampling(cfg: RunConfig, model) -> Coord:
     return cfg.downsampling if cfg.downsampling is not None else model.downsampling
 
 
-def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor) -> tuple[BlockPlan, NetworkGeometry, Coord]:
-    """Block, halo and chunks from the options and the model's defaults, checked, then the dry run."""
+@dataclass(frozen=True)
+class _Layout:
+    plan: BlockPlan
+    geometry: NetworkGeometry
+    chunks: Coord
+    batch_size: int
+    #: What ``--block auto`` / ``--batch-size auto`` chose, if asked.
+    sizing: SizeChoice | None = None
+
+
+def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None) -> _Layout:
+    """Block, halo, chunks and batch from the options, the model's defaults or trials; checked; dry-run."""
     downsampling = _downsampling(cfg, model)
-    block = _choose_block(cfg, model.default_block, downsampling, roi.shape)
+    auto_block = cfg.block == "auto"
+    start_block = resume_block if auto_block and resume_block is not None else (None if auto_block else cfg.block)
+    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape)
+    searching = auto_block and resume_block is None
+    base_block = block
+    if searching:  # the dry run on a small block: the default one may not fit the device
+        block = (block // 4).maximum(downsampling).ceil_div(downsampling) * downsampling
     chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
     halo_defaulted = cfg.halo is None and model.default_halo is None
     halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
@@ -325,7 +369,7 @@ def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor) -> tuple[Blo
         halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
     # Check block, halo, chunks and ROI before the (possibly slow) dry run.
     plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
-                downsampling=downsampling, chunk_shape=chunks)
+                downsampling=downsampling, chunk_shape=None if searching else chunks)
     in_channels = source.num_channels or 1
     geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
                              first_input=_valid_input_hint(model, block + halo * 2))
@@ -333,9 +377,48 @@ def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor) -> tuple[Blo
         # The dry run showed a valid network the model did not announce: drop the default halo.
         halo = Coord((0, 0, 0))
         geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+    batch_size, sizing = cfg.batch_size, None
+    if searching or batch_size == "auto":
+        sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
+                            fixed_block=None if searching else block)
+        batch_size = sizing.batch_size
+        if sizing.block != block:
+            block = sizing.block
+            chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
+            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+                                     downsampling=downsampling, first_input=_valid_input_hint(model, block + halo * 2))
     plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling, chunk_shape=chunks)
-    return plan, geometry, chunks
+    return _Layout(plan, geometry, chunks, int(batch_size), sizing)
+
+
+def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
+               halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None) -> SizeChoice:
+    """``--block auto`` / ``--batch-size auto``: trial passes on this process's device (cached).
+
+    ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
+    """
+    if cfg.scheduler is not None and predictor.device.type != resolve_device(cfg.device).type:
+        raise InvalidOptionError(
+            "--block auto and --batch-size auto measure on the device, which this machine does not have; "
+            "run once on a GPU machine (the choice is cached) or give --block and --batch-size"
+        )
+    step = downsampling
+    if cfg.output_chunks is not None:
+        step = Coord(math.lcm(a, b) for a, b in zip(downsampling, cfg.output_chunks))
+    scale, offset = cfg.normalize.scale_offset(source.dtype)
+    problem = SizeProblem(
+        in_channels=source.num_channels or 1, raw_dtype=source.dtype, halo=halo, context=geometry.context,
+        input_extra=geometry.input_shape - (block + (halo + geometry.context) * 2), step=step,
+        base_block=base_block, roi=roi,
+        steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
+        fixed_block=fixed_block, fixed_batch=None if cfg.batch_size == "auto" else cfg.batch_size,
+    )
+    model_key = {"name": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
+                 "weights": model.weights_sha256, "kwargs": as_json(dict(cfg.model_kwargs))}
+    choice = choose_sizes(predictor, problem, model_key=model_key)
+    logger.info("auto size: %s", choice)
+    return choice
 
 
 def _valid_input_hint(model, output_shape: Coord) -> Coord | None:

@@ -13,3 +13,11 @@ from pathlib import Path
 _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_size_cache(tmp_path, monkeypatch):
+    """``--block auto`` caches its trials: each test gets its own cache, never the user's."""
+    monkeypatch.setenv("BLOCKPRED_CACHE_DIR", str(tmp_path / "blockpred-cache"))

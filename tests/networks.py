@@ -74,9 +74,10 @@ class MemoryLimited(torch.nn.Module):
         self.budget_voxels, self.spare_zeros, self.transient = budget_voxels, spare_zeros, transient
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
-        self.refusals = 0
+        self.refusals = self.passes = 0
 
     def forward(self, x):
+        self.passes += 1
         over = x.numel() > self.budget_voxels and not (self.spare_zeros and not bool(x.any()))
         if over and (self.transient is None or self.refusals < self.transient):
             self.refusals += 1

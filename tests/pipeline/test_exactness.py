@@ -80,7 +80,7 @@ def test_blockwise_output_equals_whole_volume_for_every_input_format(tmp_path, f
     assert_exact(summary.output, reference(net, data, halo=halo, downsampling=(4, 4, 4)))
 
 
-@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("batch_size", [3])  # batch 1: the format tests above, on a shape no block divides either
 def test_a_shape_that_divides_by_nothing_is_predicted_exactly(tmp_path, batch_size):
     data = em_like((70, 133, 101), seed=1)
     path = write_test_volume(str(tmp_path / "odd.zarr"), data, chunks=(32, 32, 32))
@@ -100,7 +100,8 @@ def test_an_anisotropic_network_is_predicted_exactly(tmp_path):
     downsampling = Coord((1, 6, 6))
     halo = halo_covering(net, downsampling)
     out = str(tmp_path / "out.zarr")
-    blockpred.predict(path, out, model=net, block=(8, 36, 36), halo=halo, progress=False, local=True)
+    summary = blockpred.predict(path, out, model=net, block=(10, 48, 60), halo=halo, progress=False, local=True)
+    assert summary.stats.num_blocks == 2 * 2 * 2
     assert_exact(out, reference(net, data, halo=halo, downsampling=downsampling))
 
 

@@ -1,0 +1,339 @@
+"""``--block auto`` and ``--batch-size auto``: the sizes that fit the device and predict fastest.
+
+Short trial passes on the device decide, never a formula:
+
+1. Block candidates grow from the model's default block by steps of 2^(1/3)
+   per axis (twice the voxels every step), each rounded up to the block step
+   (a multiple of the network's downsampling and of the output chunks) and
+   no larger than the region to predict needs.
+2. At batch 1 (or the batch given) the search climbs from the default block
+   until a pass runs out of device memory, goes over the memory budget, takes
+   over ``max_pass_s``, or stops paying (three larger blocks in a row more
+   than 10% slower than the best); if the
+   default itself does not fit it steps down until one does.
+3. For the largest blocks that fit, the batch doubles while it fits and pays.
+4. The fastest (block, batch) wins, by Mvox/s over the region to predict:
+   its voxels per second of the passes that would tile it.  Larger blocks
+   waste less on the halo, until the device is full or the blocks overhang
+   the region.
+
+A trial is the run's own device path (raw upload, normalisation, network,
+crop, conversion, download) on zeros of the input's dtype: one warm-up pass
+(cuDNN picks its kernels), then timed passes with one in flight.  The choice
+trials are cached per model, device, precision and constraints (see
+:class:`SizeCache`), so only the first run on a machine pays for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import InvalidOptionError
+from .geometry import Box, Coord
+from .pipeline import DeviceSteps, Predictor, is_out_of_memory
+
+logger = logging.getLogger(__name__)
+
+#: Fraction of the device memory free at the start that trials may use: the rest is headroom for
+#: the batch in flight, pinned staging and fragmentation.
+MEMORY_FRACTION = 0.85
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Trial:
+    block: Coord
+    batch_size: int
+    #: "ok", "out of memory" or "over budget".
+    outcome: str
+    mvox_per_s: float = 0.0
+    seconds_per_pass: float = 0.0
+    peak_bytes: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.outcome == "ok"
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    block: Coord
+    batch_size: int
+    mvox_per_s: float
+    trials: tuple[Trial, ...] = ()
+    cached: bool = False
+
+    def __str__(self) -> str:
+        how = "cached trials" if self.cached else "trials"
+        return (f"block {'x'.join(map(str, self.block))}, batch {self.batch_size}: fastest of "
+                f"{sum(t.fits for t in self.trials)} that fit ({how}), {self.mvox_per_s:.2f} Mvox/s over the region")
+
+
+@dataclass(frozen=True)
+class SizeProblem:
+    """What the trials need to know: the network's geometry and the run's constraints."""
+
+    in_channels: int
+    raw_dtype: np.dtype
+    halo: Coord
+    context: Coord
+    #: Network input minus (block + 2 x (halo + context)) of any block that is a multiple of ``step``.
+    input_extra: Coord
+    #: Blocks are multiples of this (downsampling, and output chunks when given).
+    step: Coord
+    #: Where the search starts: the model's default block (or the one given).
+    base_block: Coord
+    #: The region to predict: blocks are scored by how fast they would tile it.
+    roi: Box
+    steps: DeviceSteps = DeviceSteps()
+    fixed_block: Coord | None = None
+    fixed_batch: int | None = None
+    max_batch: int = 64
+
+    @property
+    def max_block(self) -> Coord:
+        """No block need be larger than the region to predict, rounded up to the step."""
+        return self.roi.shape.ceil_div(self.step) * self.step
+
+    def roi_mvox_per_s(self, trial: "Trial") -> float:
+        """Mvox/s over the region: its voxels per second of the passes that tile it with ``trial``'s block."""
+        grid = self.roi.end.ceil_div(trial.block) - self.roi.begin // trial.block
+        passes = -(-grid.prod() // trial.batch_size)
+        return self.roi.size / (passes * trial.seconds_per_pass) / 1e6
+
+    def input_shape(self, block: Coord) -> Coord:
+        return block + (self.halo + self.context) * 2 + self.input_extra
+
+    def candidates(self) -> list[Coord]:
+        """Blocks from smallest to largest, each a multiple of the step, none above ``max_block``."""
+        if self.fixed_block is not None:
+            return [self.fixed_block]
+        seen: list[Coord] = []
+        for k in range(-9, 19):
+            factor = 2 ** (k / 3)
+            block = Coord(min(math.ceil(b * factor / s) * s, m)
+                          for b, s, m in zip(self.base_block, self.step, self.max_block))
+            if block not in seen:
+                seen.append(block)
+        return sorted(seen, key=lambda b: (b.prod(), tuple(b)))
+
+
+def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 3,
+                 budget_bytes: int | None = None) -> Callable[[Coord, int], Trial]:
+    """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome."""
+    import torch
+
+    cuda = predictor.device.type == "cuda"
+    if cuda and budget_bytes is None:
+        predictor.release_memory()
+        free, _ = torch.cuda.mem_get_info(predictor.device)
+        budget_bytes = int(free * MEMORY_FRACTION)
+    baseline = torch.cuda.memory_allocated(predictor.device) if cuda else 0
+
+    def run(block: Coord, batch: int) -> Trial:
+        raw = np.zeros((problem.in_channels,) + tuple(problem.input_shape(block)), dtype=problem.raw_dtype)
+        steps = dataclasses.replace(problem.steps, crop=tuple(slice(h, h + n) for h, n in zip(problem.halo, block)))
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(predictor.device)
+        try:
+            predictor.submit([raw] * batch, steps).result()  # warm-up: kernels chosen, memory grown
+            start = time.perf_counter()
+            pending = None
+            for _ in range(repeats):
+                nxt = predictor.submit([raw] * batch, steps)
+                if pending is not None:
+                    pending.result()
+                pending = nxt
+            pending.result()
+            seconds = (time.perf_counter() - start) / repeats
+        except Exception as err:  # noqa: BLE001 - only out of memory is an outcome; the rest is a real error
+            if not is_out_of_memory(err):
+                raise
+            predictor.release_memory()
+            return Trial(block, batch, "out of memory")
+        peak = torch.cuda.max_memory_allocated(predictor.device) - baseline if cuda else None
+        if budget_bytes is not None and peak is not None and peak > budget_bytes:
+            predictor.release_memory()
+            return Trial(block, batch, "over budget", peak_bytes=peak)
+        mvox = block.prod() * batch / seconds / 1e6
+        return Trial(block, batch, "ok", mvox, seconds, peak)
+
+    return run
+
+
+def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
+           blocks_for_batch: int = 3) -> SizeChoice:
+    """The search of the module docstring over ``run(block, batch) -> Trial``."""
+    candidates = problem.candidates()
+    batch = problem.fixed_batch or 1
+    trials: list[Trial] = []
+
+    def attempt(block: Coord, batch_size: int) -> Trial:
+        trial = run(block, batch_size)
+        trials.append(trial)
+        logger.info("trial block %s batch %d: %s%s", "x".join(map(str, block)), batch_size, trial.outcome,
+                    f", {trial.mvox_per_s:.2f} Mvox/s" if trial.fits else "")
+        return trial
+
+    start = _index_of_base(candidates, problem.base_block)
+    first = attempt(candidates[start], batch)
+    score = problem.roi_mvox_per_s
+    if first.fits:
+        best, slower = score(first), 0
+        for block in candidates[start + 1:]:
+            if trials[-1].seconds_per_pass > max_pass_s:
+                break  # a larger block would only be slower per pass: enough
+            trial = attempt(block, batch)
+            if not trial.fits:
+                break
+            slower = slower + 1 if score(trial) < 0.9 * best else 0
+            best = max(best, score(trial))
+            if slower == 3:
+                break  # three larger blocks in a row clearly slower: the peak is behind
+    else:
+        for block in reversed(candidates[:start]):
+            if attempt(block, batch).fits:
+                break
+    fitting = [t for t in trials if t.fits]
+    if not fitting:
+        smallest = trials[-1]
+        raise InvalidOptionError(
+            f"no block fits the device's memory: even block {'x'.join(map(str, smallest.block))} at batch {batch} "
+            f"was {smallest.outcome}; free device memory, use --precision bf16, or a smaller network"
+        )
+    if problem.fixed_batch is None:
+        largest = sorted({t.block for t in fitting}, key=lambda b: b.prod(), reverse=True)[:blocks_for_batch]
+        for block in largest:
+            best = max(score(t) for t in fitting if t.block == block)
+            batch_size = 2
+            while batch_size <= problem.max_batch:
+                trial = attempt(block, batch_size)
+                if not trial.fits or score(trial) < best * 1.02:
+                    break  # does not fit, or a bigger batch no longer pays
+                best = score(trial)
+                batch_size *= 2
+    return pick(problem, trials)
+
+
+def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: bool = False) -> SizeChoice:
+    """The fitting trial that would predict the region fastest."""
+    winner = max((t for t in trials if t.fits), key=problem.roi_mvox_per_s)
+    return SizeChoice(winner.block, winner.batch_size, problem.roi_mvox_per_s(winner), tuple(trials), cached)
+
+
+def _index_of_base(candidates: list[Coord], base: Coord) -> int:
+    """The largest candidate no larger than the base block (the first if all are larger)."""
+    fitting = [i for i, c in enumerate(candidates) if c.prod() <= base.prod()]
+    return fitting[-1] if fitting else 0
+
+
+class SizeCache:
+    """Trials by key in one JSON file: ``$BLOCKPRED_CACHE_DIR``, ``$XDG_CACHE_HOME/blockpred`` or ``~/.cache/blockpred``.
+
+    The region is not part of the key: the trials of one search serve any
+    region whose blocks they cover (each region then picks its own winner),
+    unless the earlier region capped the search.
+    """
+
+    def __init__(self, path: Path | None = None):
+        self.path = path if path is not None else default_cache_dir() / "sizes.json"
+
+    def _entries(self) -> dict:
+        try:
+            entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+    def get(self, key: dict, problem: SizeProblem) -> list[Trial] | None:
+        for entry in self._entries().get(_digest(key), []):
+            try:
+                trials = [Trial(Coord(t["block"]), int(t["batch_size"]), str(t["outcome"]),
+                                float(t["mvox_per_s"]), float(t["seconds_per_pass"])) for t in entry["trials"]]
+                same_cap = Coord(entry["max_block"]) == problem.max_block
+                covered = not entry["capped"] and all(t.block.minimum(problem.max_block) == t.block for t in trials)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if (same_cap or covered) and any(t.fits for t in trials):
+                return trials
+        return None
+
+    def put(self, key: dict, problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...]) -> None:
+        entries = self._entries()
+        capped = any(b == m for t in trials for b, m in zip(t.block, problem.max_block))
+        entry = {"max_block": list(problem.max_block), "capped": capped, "key": key,
+                 "trials": [_trial_json(t) for t in trials]}
+        entries[_digest(key)] = [entry] + [e for e in entries.get(_digest(key), [])
+                                           if e.get("max_block") != entry["max_block"]][:7]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(entries, indent=1))
+            os.replace(tmp, self.path)
+        except OSError as err:  # a read-only home must not stop a run
+            logger.warning("could not cache the block size trials in %s: %s", self.path, err)
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("BLOCKPRED_CACHE_DIR"):
+        return Path(os.environ["BLOCKPRED_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "blockpred"
+
+
+def device_key(predictor: Predictor) -> dict:
+    """The device as the cache tells devices apart: its name and memory (not its index)."""
+    import torch
+
+    if predictor.device.type == "cuda":
+        props = torch.cuda.get_device_properties(predictor.device)
+        return {"type": "cuda", "name": props.name, "memory": props.total_memory}
+    return {"type": "cpu", "threads": torch.get_num_threads()}
+
+
+def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
+                 budget_bytes: int | None = None) -> SizeChoice:
+    """The cached choice for this model, device, precision and problem, else :func:`search` (then cached)."""
+    key = {"version": CACHE_VERSION, "model": model_key, "device": device_key(predictor),
+           "precision": predictor.precision, "compile": predictor.compile, "memory_format": predictor.memory_format,
+           "budget_bytes": budget_bytes, "problem": _problem_json(problem)}
+    cache = cache if cache is not None else SizeCache()
+    cached = cache.get(key, problem)
+    if cached is not None:
+        return pick(problem, cached, cached=True)
+    choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes))
+    predictor.release_memory()
+    cache.put(key, problem, choice.trials)
+    return choice
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _problem_json(problem: SizeProblem) -> dict:
+    out: dict[str, Any] = {}
+    for name, value in asdict(problem).items():
+        if name == "roi":
+            continue  # not part of the key: see SizeCache
+        if name == "steps":
+            value = {"scale": problem.steps.scale, "offset": problem.steps.offset,
+                     "channels": problem.steps.channels, "output_dtype": np.dtype(problem.steps.output_dtype).name}
+        out[name] = value if not isinstance(value, (np.dtype, type)) else np.dtype(value).name
+    return json.loads(json.dumps(out, default=str))
+
+
+def _trial_json(trial: Trial) -> dict:
+    return {"block": list(trial.block), "batch_size": trial.batch_size, "outcome": trial.outcome,
+            "mvox_per_s": trial.mvox_per_s, "seconds_per_pass": trial.seconds_per_pass, "peak_bytes": trial.peak_bytes}
