@@ -9,7 +9,7 @@ Short trial passes on the device decide, never a formula:
 2. At batch 1 (or the batch given) the search climbs from the default block
    until a pass runs out of device memory, goes over the memory budget, takes
    over ``max_pass_s``, or stops paying (three larger blocks in a row more
-   than 10% slower than the best); if the
+   than 10% slower than the best), or the trials have taken a minute; if the
    default itself does not fit it steps down until one does.
 3. For the largest blocks that fit, the batch doubles while it fits and pays.
 4. The fastest (block, batch) wins, by Mvox/s over the region to predict:
@@ -129,7 +129,7 @@ class SizeProblem:
         return sorted(seen, key=lambda b: (b.prod(), tuple(b)))
 
 
-def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 3,
+def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2,
                  budget_bytes: int | None = None) -> Callable[[Coord, int], Trial]:
     """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome."""
     import torch
@@ -173,11 +173,19 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 3
 
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
-           blocks_for_batch: int = 3) -> SizeChoice:
-    """The search of the module docstring over ``run(block, batch) -> Trial``."""
+           max_total_s: float = 60.0, blocks_for_batch: int = 3) -> SizeChoice:
+    """The search of the module docstring over ``run(block, batch) -> Trial``.
+
+    Once the trials have taken ``max_total_s``, no new candidate is tried (the
+    best so far wins): on a slow device the search must not cost more than it saves.
+    """
     candidates = problem.candidates()
     batch = problem.fixed_batch or 1
     trials: list[Trial] = []
+    started = time.perf_counter()
+
+    def out_of_time() -> bool:
+        return time.perf_counter() - started > max_total_s
 
     def attempt(block: Coord, batch_size: int) -> Trial:
         trial = run(block, batch_size)
@@ -192,7 +200,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     if first.fits:
         best, slower = score(first), 0
         for block in candidates[start + 1:]:
-            if trials[-1].seconds_per_pass > max_pass_s:
+            if trials[-1].seconds_per_pass > max_pass_s or out_of_time():
                 break  # a larger block would only be slower per pass: enough
             trial = attempt(block, batch)
             if not trial.fits:
@@ -217,7 +225,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         for block in largest:
             best = max(score(t) for t in fitting if t.block == block)
             batch_size = 2
-            while batch_size <= problem.max_batch:
+            while batch_size <= problem.max_batch and not out_of_time():
                 trial = attempt(block, batch_size)
                 if not trial.fits or score(trial) < best * 1.02:
                     break  # does not fit, or a bigger batch no longer pays

@@ -50,6 +50,8 @@ def _bad_cases(tmp_path, volume):
         pytest.param([complex_vol], "supported input dtypes", id="unsupported-dtype"),
         pytest.param([volume, "--block", "0,16,16"], "block must be positive", id="zero-block"),
         pytest.param([volume, "--halo", "-1"], "halo must be non-negative", id="negative-halo"),
+        pytest.param([volume, "--batch-size", "many"], "batch_size must be a positive integer", id="bad-batch"),
+        pytest.param([volume, "--block", "autox"], "block must be one integer or three", id="bad-auto-block"),
         pytest.param([volume, "--block", "15"], "not a multiple of the network's downsampling", id="block-vs-downsampling"),
         pytest.param([volume, existing], "exists; pass --overwrite", id="existing-output"),
         pytest.param([volume, volume + "/inside"], "inside the input array", id="output-inside-input"),

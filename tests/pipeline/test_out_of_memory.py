@@ -125,3 +125,19 @@ def test_backoff_shrinks_until_one_step_per_part_and_the_parts_always_tile_the_c
             break
     assert backoff.batch_size == 1
     assert max(part.size for part in split_core(core_shape, backoff.parts, step)) == step.prod()
+
+
+def test_a_dask_worker_keeps_the_smaller_batch_from_task_to_task_and_the_summary_reports_it(volume, tmp_path):
+    # 48 blocks of 16^3 (input 36^3) in 8 tasks on one worker: the first task learns batch 2, the rest keep it.
+    kwargs = {"budget_voxels": 2 * 36**3}
+    common = dict(model="tests.networks:memory_limited", model_kwargs=kwargs, block=16, halo=10, batch_size=4,
+                  progress=False)
+    summary = blockpred.predict(volume, str(tmp_path / "dask.zarr"), workers=1, **common)
+    reference = blockpred.predict(volume, str(tmp_path / "local.zarr"), local=True,
+                                  **{**common, "model_kwargs": {"budget_voxels": 10**9}})
+
+    assert summary.workers, "the run did not go through dask"
+    assert summary.stats.out_of_memory == 1 and summary.stats.batch_size == 2
+    assert "recovered from 1 out-of-memory error(s): batch size 4 -> 2" in str(summary)
+    assert summary.stats.num_blocks == reference.stats.num_blocks == 48
+    np.testing.assert_array_equal(written(tmp_path / "dask.zarr"), written(tmp_path / "local.zarr"))
