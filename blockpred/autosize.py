@@ -301,13 +301,15 @@ def default_cache_dir() -> Path:
 
 
 def device_key(predictor: Predictor) -> dict:
-    """The device as the cache tells devices apart: its name and memory (not its index)."""
+    """The device as the cache tells devices apart: its name and memory (not its index), and the kernels' versions."""
     import torch
 
-    if predictor.device.type == "cuda":
+    cuda = predictor.device.type == "cuda"
+    versions = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if cuda else None}
+    if cuda:
         props = torch.cuda.get_device_properties(predictor.device)
-        return {"type": "cuda", "name": props.name, "memory": props.total_memory}
-    return {"type": "cpu", "threads": torch.get_num_threads()}
+        return {"type": "cuda", "name": props.name, "memory": props.total_memory, **versions}
+    return {"type": "cpu", "threads": torch.get_num_threads(), **versions}
 
 
 def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
