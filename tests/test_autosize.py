@@ -121,3 +121,14 @@ def test_a_run_with_block_and_batch_auto_predicts_with_the_chosen_sizes_and_says
     assert (sizing.block + 20).prod() * sizing.batch_size <= budget
     assert summary.stats.out_of_memory == 0 and summary.stats.num_voxels == data.size
     assert f"auto size: block {'x'.join(map(str, sizing.block))}, batch {sizing.batch_size}" in str(summary)
+
+
+def test_resuming_with_block_auto_keeps_the_block_the_output_was_started_with(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, (32, 48, 48), dtype=np.uint8)
+    path = write_test_volume(str(tmp_path / "in.zarr"), data)
+    out = str(tmp_path / "out.zarr")
+    first = blockpred.predict(path, out, block=16, progress=False, local=True)
+
+    again = blockpred.predict(path, out, block="auto", progress=False, local=True)  # no --overwrite: a resume
+    assert again.plan.block_shape == first.plan.block_shape == Coord((16, 16, 16))
+    assert again.num_resumed == first.plan.num_blocks and again.sizing is None, "trials ran for a resume"
