@@ -398,7 +398,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
 
     ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
     """
-    if cfg.scheduler is not None and predictor.device.type != resolve_device(cfg.device).type:
+    if cfg.scheduler is not None and str(cfg.device).startswith("cuda") and predictor.device.type != "cuda":
         raise InvalidOptionError(
             "--block auto and --batch-size auto measure on the device, which this machine does not have; "
             "run once on a GPU machine (the choice is cached) or give --block and --batch-size"

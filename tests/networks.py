@@ -65,12 +65,16 @@ class MemoryLimited(torch.nn.Module):
     allocator would.  ``spare_zeros``: all-zero inputs (dry runs) always fit,
     so a run can plan a block that then does not fit with real data.
     ``transient``: only the first ``transient`` passes over the budget fail
-    (a fragmented device), the rest succeed.
+    (a fragmented device), the rest succeed.  ``valid``: a valid-convolution
+    U-Net instead of the tiny preset.
     """
 
-    def __init__(self, budget_voxels: int, spare_zeros: bool = False, transient: int | None = None):
+    def __init__(self, budget_voxels: int, spare_zeros: bool = False, transient: int | None = None,
+                 valid: bool = False):
         super().__init__()
-        self.net = build_preset("tiny")
+        self.net = build_preset("tiny") if not valid else _valid_unet()
+        if valid:
+            self.padding, self.valid_input_shape = "valid", self.net.valid_input_shape
         self.budget_voxels, self.spare_zeros, self.transient = budget_voxels, spare_zeros, transient
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
@@ -87,5 +91,14 @@ class MemoryLimited(torch.nn.Module):
         return self.net(x)
 
 
-def memory_limited(budget_voxels: int, spare_zeros: bool = False, transient: int | None = None) -> MemoryLimited:
-    return MemoryLimited(int(budget_voxels), bool(spare_zeros), transient)
+def _valid_unet():
+    from blockpred.models.unet import UNet3d
+
+    torch.manual_seed(0)
+    return UNet3d(in_channels=1, out_channels=2, depth=1, initial_features=4, growth=2, pool_factors=2,
+                  padding="valid", activation="relu", final_activation="sigmoid").eval()
+
+
+def memory_limited(budget_voxels: int, spare_zeros: bool = False, transient: int | None = None,
+                   valid: bool = False) -> MemoryLimited:
+    return MemoryLimited(int(budget_voxels), bool(spare_zeros), transient, bool(valid))

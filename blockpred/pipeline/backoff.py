@@ -2,8 +2,8 @@
 
 A run must never die of device memory.  When the network runs out of memory
 the worker halves its batch and runs the same blocks again; at batch 1 it
-predicts each block in parts (sub-blocks that tile the block's core, each
-with the same halo, cut from the block's already-read input), and assembles
+predicts each block in parts (equal sub-blocks that cover the block's core,
+each with the same halo, cut from the block's already-read input), and assembles
 the parts before the block is written -- so every output chunk is still
 written once, by its one block.  The sizes that fit stay in force for the
 rest of the run.
@@ -34,15 +34,18 @@ def _part(length: int, parts: int, step: int) -> int:
 
 
 def split_core(core_shape: Coord, parts: Coord, step: Coord) -> list[Box]:
-    """Boxes (relative to the core) tiling ``core_shape`` in about ``parts`` per axis.
+    """Equal boxes (relative to the core) covering ``core_shape``, about ``parts`` per axis.
 
-    Each part is a multiple of ``step`` (the network's downsampling) long, so
-    every part starts on the pooling grid; the last part of an axis may be shorter.
+    Each part is a multiple of ``step`` (the network's downsampling) long and
+    starts on the pooling grid.  All parts have one shape -- the network sees
+    one input shape, which a valid-convolution network accepts as it accepted
+    the block's -- so where the parts do not divide an axis the last one is
+    moved back to end at the core's end, overlapping its neighbour.
     """
     sizes = [_part(c, p, s) for c, p, s in zip(core_shape, parts, step)]
-    ranges = [[(b, min(b + n, c)) for b in range(0, c, n)] for c, n in zip(core_shape, sizes)]
-    return [Box(Coord((z[0], y[0], x[0])), Coord((z[1], y[1], x[1])))
-            for z in ranges[0] for y in ranges[1] for x in ranges[2]]
+    starts = [sorted({min(b, max(c - n, 0)) for b in range(0, c, n)}) for c, n in zip(core_shape, sizes)]
+    size = Coord(min(n, c) for n, c in zip(sizes, core_shape))
+    return [Box.from_shape(size, Coord((z, y, x))) for z in starts[0] for y in starts[1] for x in starts[2]]
 
 
 @dataclass

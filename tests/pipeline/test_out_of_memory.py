@@ -76,6 +76,23 @@ def test_a_block_that_does_not_fit_at_batch_1_is_predicted_in_parts_and_written_
     np.testing.assert_allclose(written(out), undisturbed, rtol=0, atol=1e-5)
 
 
+def test_a_valid_convolution_network_is_predicted_in_equal_parts_when_its_blocks_do_not_fit(volume, tmp_path):
+    # Block 30 of SHAPE (48, 64, 64): cores of 30 split into 2 parts of 16 (on the 2x pooling grid) that
+    # overlap by 2; every part's input is the block's less 14, which the valid network accepts.
+    common = dict(model="tests.networks:memory_limited", block=30, progress=False, local=True)
+    whole = blockpred.predict(volume, str(tmp_path / "whole.zarr"),
+                              model_kwargs={"budget_voxels": 10**9, "valid": True}, **common)
+    input_voxels = whole.plan.input_shape.prod()
+    parts = blockpred.predict(volume, str(tmp_path / "parts.zarr"),
+                              model_kwargs={"budget_voxels": input_voxels - 1, "valid": True, "spare_zeros": True},
+                              **common)
+
+    assert whole.plan.context != Coord((0, 0, 0)), "not a valid-convolution network"
+    assert parts.stats.out_of_memory >= 1 and parts.stats.block_parts.prod() > 1
+    assert parts.stats.num_blocks == whole.stats.num_blocks
+    np.testing.assert_allclose(written(tmp_path / "parts.zarr"), written(tmp_path / "whole.zarr"), rtol=0, atol=1e-5)
+
+
 def test_a_transient_out_of_memory_error_costs_nothing_but_a_smaller_batch(volume, undisturbed, tmp_path):
     out = tmp_path / "out.zarr"
     summary = predict(volume, out, budget=BLOCK_INPUT, batch_size=4, transient=1)
@@ -106,7 +123,7 @@ def test_out_of_memory_errors_are_recognised_whatever_raised_them():
 @settings(max_examples=60, deadline=None)
 @given(core=st.tuples(*[st.integers(1, 12)] * 3), step=st.tuples(*[st.sampled_from([1, 2, 3, 4])] * 3),
        batch=st.integers(1, 9))
-def test_backoff_shrinks_until_one_step_per_part_and_the_parts_always_tile_the_core(core, step, batch):
+def test_backoff_shrinks_until_one_step_per_part_and_equal_parts_always_cover_the_core(core, step, batch):
     core_shape, step = Coord(c * s for c, s in zip(core, step)), Coord(step)
     backoff = Backoff(batch)
     previous_voxels = None
@@ -115,8 +132,11 @@ def test_backoff_shrinks_until_one_step_per_part_and_the_parts_always_tile_the_c
         covered = np.zeros(tuple(core_shape), dtype=np.int8)
         for part in parts:
             assert all(b % s == 0 for b, s in zip(part.begin, step)), "a part starts off the pooling grid"
+            assert part.shape == parts[0].shape, "parts of different shapes"
+            assert Box.from_shape(core_shape).contains(part)
             covered[part.to_slices()] += 1
-        assert (covered == 1).all(), "the parts do not tile the core exactly once"
+        assert (covered >= 1).all(), "the parts leave part of the core out"
+        assert len(parts) <= backoff.parts.prod()
         largest = max(part.size for part in parts)
         if backoff.batch_size == 1 and previous_voxels is not None:
             assert largest < previous_voxels
