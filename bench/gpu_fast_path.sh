@@ -1,33 +1,43 @@
 #!/usr/bin/env bash
-# Issue 5's GPU figures in one device call (about 8 minutes on one H200): model-only and end-to-end
-# Mvox/s of cremi2018 and unet32 at fp32/tf32/bf16/fp16, at the seed block and the auto-chosen one,
-# plus the fast-path choices (channels_last, torch.compile, CUDA graphs).  Everything goes under $OUT.
+# Issue 5's GPU figures, in two device calls of under 10 minutes each on one H200:
+#   part 1: model-only cremi2018 at the seed's block, fp32/tf32/bf16/fp16, and the fast-path choices
+#           (channels_last, torch.compile) at bf16;
+#   part 2: end to end (`--pipeline`, GPU load sampled) at the seed's block and the auto-chosen one,
+#           and unet32 with auto sizing.
+# Everything goes under $OUT (JSON, markdown tables, the log).  Not yet run: no GPU has been lent so far.
 #
-# Run it through the device tool from the repository root, with .whl in carry:
+# From the repository root, through the device tool, with .whl in carry:
 #   bash ../shared/tools/device-wheels.sh        # once, on the development machine
-#   run(command="bash bench/gpu_fast_path.sh", carry=[".whl"], timeout_s=600)
-# then copy the tables of $OUT/*.md into bench/RESULTS.md with the date and this command.
+#   run(command="bash bench/gpu_fast_path.sh 1", carry=[".whl"], timeout_s=600)
+#   run(command="bash bench/gpu_fast_path.sh 2", carry=[".whl"], timeout_s=600)
+# then copy the tables of $OUT/*.md into bench/RESULTS.md with the date and these commands.
 set -uo pipefail
+part=${1:?usage: bash bench/gpu_fast_path.sh 1|2}
 OUT=${OUT:-/tmp/blockpred-gpu}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export BLOCKPRED_CACHE_DIR=$OUT/cache
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
-bench() {  # name, then blockpred bench options
-  local name=$1; shift
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu-$part.csv" 2>&1
+bench() {  # name, time limit in seconds, then blockpred bench options
+  local name=$1 limit=$2; shift 2
   echo "== $name: blockpred bench $*" | tee -a "$OUT/log.txt"
-  timeout 170 python3 -m blockpred bench "$@" --json "$OUT/$name.json" --markdown "$OUT/$name.md" \
+  local start=$SECONDS
+  timeout "$limit" python3 -m blockpred bench "$@" --json "$OUT/$name.json" --markdown "$OUT/$name.md" \
     >> "$OUT/log.txt" 2>&1 || echo "   exit $?" | tee -a "$OUT/log.txt"
+  echo "   $((SECONDS - start)) s" | tee -a "$OUT/log.txt"
 }
-# The seed's block: 65x675x675 in, 55x575x575 out (rounded to cremi2018's (1, 3, 3) grid by the bench).
+# The seed's block: 65x675x675 in, 55x575x575 out; on cremi2018's (1, 3, 3) grid: 55x576x576, halo (5, 50, 50).
 SEED="--block 55,576,576 --halo 5,50,50"
-bench cremi-seed --model cremi2018 $SEED --precision fp32,tf32,bf16,fp16 --iterations 5
-bench cremi-auto --model cremi2018 --block auto --batch-size auto --precision bf16 \
-  --pipeline --volume-shape 220,2304,2304
-bench cremi-bf16-seed-pipeline --model cremi2018 $SEED --precision bf16 --pipeline --volume-shape 110,2304,2304
-bench cremi-channels-last --model cremi2018 $SEED --precision bf16 --memory-format channels_last
-bench cremi-compile --model cremi2018 $SEED --precision bf16 --compile max-autotune --warmup 3
-bench unet32 --model unet32 --block auto --batch-size auto --precision fp32,tf32,bf16,fp16 --pipeline \
-  --volume-shape 512,1024,1024
-ls -la "$OUT" >> "$OUT/log.txt"
+if [ "$part" = 1 ]; then
+  bench cremi-seed 240 --model cremi2018 $SEED --precision fp32,tf32,bf16,fp16 --iterations 10
+  bench cremi-channels-last 90 --model cremi2018 $SEED --precision bf16 --memory-format channels_last --iterations 10
+  bench cremi-compile 200 --model cremi2018 $SEED --precision bf16 --compile default --warmup 3 --iterations 10
+else
+  bench cremi-seed-pipeline 150 --model cremi2018 $SEED --precision bf16 --pipeline --volume-shape 110,2304,2304
+  bench cremi-auto-pipeline 220 --model cremi2018 --block auto --batch-size auto --precision bf16 \
+    --pipeline --volume-shape 220,2304,2304
+  bench unet32-auto 180 --model unet32 --block auto --batch-size auto --precision bf16,tf32 --pipeline \
+    --volume-shape 512,1024,1024
+fi
+tail -n 40 "$OUT/log.txt"

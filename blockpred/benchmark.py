@@ -220,16 +220,11 @@ def run_pipeline(*, model: str, weights: str | None, block: Coord, halo: Coord, 
     """Predict ``input_path`` (or a synthetic EM volume of ``volume_shape``) with the real run path."""
     from pathlib import Path
 
-    from .demo import make_em_volume
-    from .io import create_volume
+    from .demo import write_em_volume
     from .runner import predict
 
     if input_path is None:
-        input_path = str(Path(workdir) / "bench-input.zarr")
-        volume = create_volume(input_path, spatial_shape=volume_shape, num_channels=None, dtype="uint8",
-                               chunk_shape=Coord((64, 64, 64)).minimum(volume_shape), ome=False, overwrite=True)
-        volume.write(volume.box, make_em_volume(volume_shape))
-        volume.close()
+        input_path = write_em_volume(str(Path(workdir) / "bench-input.zarr"), volume_shape)
     from .pipeline import resolve_device
 
     with DeviceMonitor(resolve_device(device)) as monitor:
