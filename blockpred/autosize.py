@@ -141,6 +141,7 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         free, _ = torch.cuda.mem_get_info(predictor.device)
         budget_bytes = int(free * MEMORY_FRACTION)
     baseline = torch.cuda.memory_allocated(predictor.device) if cuda else 0
+    warm: list[bool] = []  # empty until the first trial has run
 
     def run(block: Coord, batch: int) -> Trial:
         raw = _random_block((problem.in_channels,) + tuple(problem.input_shape(block)), problem.raw_dtype)
@@ -148,7 +149,9 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         if cuda:
             torch.cuda.reset_peak_memory_stats(predictor.device)
         try:
-            predictor.submit([raw] * batch, steps).result()  # warm-up: kernels chosen, memory grown
+            for _ in range(1 if warm else 3):  # warm-up: kernels chosen, memory grown (the first trial: threads too)
+                predictor.submit([raw] * batch, steps).result()
+            warm.append(True)
             start = time.perf_counter()
             pending = None
             for _ in range(repeats):
