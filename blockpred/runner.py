@@ -394,15 +394,13 @@ def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block
 
 def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
                halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None) -> SizeChoice:
-    """``--block auto`` / ``--batch-size auto``: trial passes on this process's device (cached).
+    """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
+
+    With ``--scheduler`` the trials run on one of the cluster's workers, whose
+    device the blocks will run on; otherwise on this process's device.
 
     ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
     """
-    if cfg.scheduler is not None and str(cfg.device).startswith("cuda") and predictor.device.type != "cuda":
-        raise InvalidOptionError(
-            "--block auto and --batch-size auto measure on the device, which this machine does not have; "
-            "run once on a GPU machine (the choice is cached) or give --block and --batch-size"
-        )
     step = downsampling
     if cfg.output_chunks is not None:
         step = Coord(math.lcm(a, b) for a, b in zip(downsampling, cfg.output_chunks))
@@ -416,9 +414,26 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
     )
     model_key = {"name": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
                  "weights": model.weights_sha256, "kwargs": as_json(dict(cfg.model_kwargs))}
-    choice = choose_sizes(predictor, problem, model_key=model_key)
+    if cfg.scheduler is None:
+        choice = choose_sizes(predictor, problem, model_key=model_key)
+    else:  # the trials belong on the workers' devices, which this machine may not have
+        from .scheduler import run_on_a_worker
+
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+        choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
+                                 cfg.compile, cfg.memory_format, problem, model_key)
     logger.info("auto size: %s", choice)
     return choice
+
+
+def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
+                            problem: SizeProblem, model_key: dict) -> SizeChoice:
+    """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
+    from .scheduler import worker_device
+
+    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
+                          memory_format=memory_format)
+    return choose_sizes(predictor, problem, model_key=model_key)
 
 
 def _valid_input_hint(model, output_shape: Coord) -> Coord | None:

@@ -261,6 +261,21 @@ def run_distributed(
             cluster.close()
 
 
+def run_on_a_worker(scheduler_address: str, function: Callable, *args, wait_s: float = 60.0):
+    """``function(*args)`` run on one worker of the cluster at ``scheduler_address``; its result."""
+    from distributed import Client
+
+    _quiet_dask()
+    with Client(scheduler_address) as client:
+        try:
+            client.wait_for_workers(1, timeout=wait_s)
+        except TimeoutError:
+            raise InvalidOptionError(
+                f"no dask worker joined {scheduler_address} within {wait_s:.0f} s; start the workers first"
+            ) from None
+        return client.submit(function, *args, pure=False).result()
+
+
 def _merge_sizes(stats: RunStats, batch_size: int, block_parts: Coord) -> None:
     """The smallest batch and the finest block parts any worker fell back to."""
     if batch_size and (not stats.batch_size or batch_size < stats.batch_size):

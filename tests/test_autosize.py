@@ -132,3 +132,26 @@ def test_resuming_with_block_auto_keeps_the_block_the_output_was_started_with(tm
     again = blockpred.predict(path, out, block="auto", progress=False, local=True)  # no --overwrite: a resume
     assert again.plan.block_shape == first.plan.block_shape == Coord((16, 16, 16))
     assert again.num_resumed == first.plan.num_blocks and again.sizing is None, "trials ran for a resume"
+
+
+def test_joining_a_cluster_the_trials_run_on_a_worker_and_the_blocks_with_the_chosen_sizes(tmp_path, monkeypatch):
+    from distributed import LocalCluster
+
+    import blockpred.autosize
+
+    def no_search_here(*args, **kwargs):
+        raise AssertionError("the client searched; the trials belong on a worker")
+
+    monkeypatch.setattr(blockpred.autosize, "search", no_search_here)  # this process only, not the worker's
+    data = np.random.default_rng(2).integers(0, 256, (32, 48, 48), dtype=np.uint8)
+    path = write_test_volume(str(tmp_path / "in.zarr"), data)
+    budget = 46**3
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        summary = blockpred.predict(path, str(tmp_path / "out.zarr"), model="tests.networks:memory_limited",
+                                    model_kwargs={"budget_voxels": budget}, halo=10, block="auto",
+                                    batch_size="auto", scheduler=cluster.scheduler_address, progress=False)
+    sizing = summary.sizing
+    assert sizing is not None and not sizing.cached and summary.plan.block_shape == sizing.block
+    assert (sizing.block + 20).prod() * sizing.batch_size <= budget
+    assert len(summary.workers) == 1 and summary.stats.num_voxels == data.size
+    assert (tmp_path / "blockpred-cache" / "sizes.json").exists(), "the worker cached nothing"
