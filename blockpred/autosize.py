@@ -130,6 +130,16 @@ class SizeProblem:
         return sorted(seen, key=lambda b: (b.prod(), tuple(b)))
 
 
+def probe_block(base_block: Coord, step: Coord) -> Coord:
+    """A small block for the dry run before a search: a quarter of the base per axis (the base may not fit)."""
+    return (base_block // 4).maximum(step).ceil_div(step) * step
+
+
+def model_key(name: str, weights_sha256: str | None, kwargs: dict | None = None) -> dict:
+    """The model as the cache tells models apart."""
+    return {"name": name, "weights": weights_sha256, "kwargs": json.loads(json.dumps(kwargs or {}, default=str))}
+
+
 def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2,
                  budget_bytes: int | None = None) -> Callable[[Coord, int], Trial]:
     """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome."""

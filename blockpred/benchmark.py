@@ -163,13 +163,13 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
 def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, halo: Coord, region: Coord, *,
                search_block: bool, fixed_batch: int | None):
     """The run's auto sizing for a uint8 volume of shape ``region`` (see :mod:`blockpred.autosize`)."""
-    from .autosize import SizeProblem, choose_sizes
+    from .autosize import SizeProblem, choose_sizes, model_key, probe_block
     from .geometry import Box
     from .network import probe_network
     from .pipeline import DeviceSteps
 
     step = loaded.downsampling
-    small = (block // 4).maximum(step).ceil_div(step) * step if search_block else block
+    small = probe_block(block, step) if search_block else block
     geometry = probe_network(predictor, in_channels=in_channels, block=small, halo=halo, downsampling=step)
     problem = SizeProblem(
         in_channels=in_channels, raw_dtype=np.dtype("uint8"), halo=halo, context=geometry.context,
@@ -177,8 +177,7 @@ def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, hal
         roi=Box.from_shape(region), steps=DeviceSteps(scale=1 / 255), fixed_block=None if search_block else block,
         fixed_batch=fixed_batch,
     )
-    return choose_sizes(predictor, problem, model_key={"name": loaded.name, "weights": loaded.weights_sha256,
-                                                        "kwargs": {}})
+    return choose_sizes(predictor, problem, model_key=model_key(loaded.name, loaded.weights_sha256))
 
 
 @dataclass

@@ -36,7 +36,7 @@ from .job import Job, ModelSpec, run_job
 from .mask import Mask
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .network import NetworkGeometry, probe_network
-from .autosize import SizeChoice, SizeProblem, choose_sizes
+from .autosize import SizeChoice, SizeProblem, choose_sizes, model_key, probe_block
 from .pipeline import Backoff, DeviceSteps, PipelineSettings, Predictor, RunStats, resolve_device
 
 logger = logging.getLogger(__name__)
@@ -210,8 +210,8 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath,
         )
     predictor = Predictor(model.module, device, cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format)
     resume_block = None
-    if previous is not None and not cfg.overwrite and cfg.block == "auto":
-        resume_block = Coord(previous.fingerprint.get("block", ()) or ()) or None  # resume with the block it used
+    if previous is not None and not cfg.overwrite and cfg.block == "auto" and previous.fingerprint.get("block"):
+        resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
     layout = _plan(cfg, source, roi, model, predictor, resume_block)
     plan, geometry, chunks = layout.plan, layout.geometry, layout.chunks
     channels = _check_channels(cfg.channels, geometry)
@@ -361,7 +361,7 @@ def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block
     searching = auto_block and resume_block is None
     base_block = block
     if searching:  # the dry run on a small block: the default one may not fit the device
-        block = (block // 4).maximum(downsampling).ceil_div(downsampling) * downsampling
+        block = probe_block(block, downsampling)
     chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
     halo_defaulted = cfg.halo is None and model.default_halo is None
     halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
@@ -401,6 +401,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
 
     ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
     """
+    _check_channels(cfg.channels, geometry)  # before trials that would select them
     step = downsampling
     if cfg.output_chunks is not None:
         step = Coord(math.lcm(a, b) for a, b in zip(downsampling, cfg.output_chunks))
@@ -412,28 +413,28 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
         fixed_block=fixed_block, fixed_batch=None if cfg.batch_size == "auto" else cfg.batch_size,
     )
-    model_key = {"name": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
-                 "weights": model.weights_sha256, "kwargs": as_json(dict(cfg.model_kwargs))}
+    key = model_key(model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind, model.weights_sha256,
+                    dict(cfg.model_kwargs))
     if cfg.scheduler is None:
-        choice = choose_sizes(predictor, problem, model_key=model_key)
+        choice = choose_sizes(predictor, problem, model_key=key)
     else:  # the trials belong on the workers' devices, which this machine may not have
         from .scheduler import run_on_a_worker
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
         choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
-                                 cfg.compile, cfg.memory_format, problem, model_key)
+                                 cfg.compile, cfg.memory_format, problem, key)
     logger.info("auto size: %s", choice)
     return choice
 
 
 def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
-                            problem: SizeProblem, model_key: dict) -> SizeChoice:
+                            problem: SizeProblem, key: dict) -> SizeChoice:
     """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
     from .scheduler import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
                           memory_format=memory_format)
-    return choose_sizes(predictor, problem, model_key=model_key)
+    return choose_sizes(predictor, problem, model_key=key)
 
 
 def _valid_input_hint(model, output_shape: Coord) -> Coord | None:
