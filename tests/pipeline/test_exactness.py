@@ -82,14 +82,14 @@ def test_blockwise_output_equals_whole_volume_for_every_input_format(tmp_path, f
 
 @pytest.mark.parametrize("batch_size", [3])  # batch 1: the format tests above, on a shape no block divides either
 def test_a_shape_that_divides_by_nothing_is_predicted_exactly(tmp_path, batch_size):
-    data = em_like((70, 133, 101), seed=1)
+    data = em_like((40, 133, 101), seed=1)
     path = write_test_volume(str(tmp_path / "odd.zarr"), data, chunks=(32, 32, 32))
     net = make_unet()
     halo = halo_covering(net, Coord((4, 4, 4)))
     out = str(tmp_path / "out.zarr")
     summary = blockpred.predict(path, out, model=net, block=(32, 64, 64), halo=halo, batch_size=batch_size,
                                 output_chunks=(32, 32, 32), progress=False, local=True)
-    assert summary.stats.num_blocks == 3 * 3 * 2
+    assert summary.stats.num_blocks == 2 * 3 * 2
     assert_exact(out, reference(net, data, halo=halo, downsampling=(4, 4, 4)))
 
 
