@@ -147,17 +147,16 @@ def test_backoff_shrinks_until_one_step_per_part_and_equal_parts_always_cover_th
     assert max(part.size for part in split_core(core_shape, backoff.parts, step)) == step.prod()
 
 
-def test_a_dask_worker_keeps_the_smaller_batch_from_task_to_task_and_the_summary_reports_it(volume, tmp_path):
+def test_a_dask_worker_keeps_the_smaller_batch_from_task_to_task_and_the_summary_reports_it(volume, undisturbed,
+                                                                                           tmp_path):
     # 48 blocks of 16^3 (input 36^3) in 8 tasks on one worker: the first task learns batch 2, the rest keep it.
-    kwargs = {"budget_voxels": 2 * 36**3}
-    common = dict(model="tests.networks:memory_limited", model_kwargs=kwargs, block=16, halo=10, batch_size=4,
-                  progress=False)
-    summary = blockpred.predict(volume, str(tmp_path / "dask.zarr"), workers=1, **common)
-    reference = blockpred.predict(volume, str(tmp_path / "local.zarr"), local=True,
-                                  **{**common, "model_kwargs": {"budget_voxels": 10**9}})
+    summary = blockpred.predict(volume, str(tmp_path / "dask.zarr"), model="tests.networks:memory_limited",
+                                model_kwargs={"budget_voxels": 2 * 36**3}, block=16, halo=10, batch_size=4,
+                                workers=1, progress=False)
 
     assert summary.workers, "the run did not go through dask"
     assert summary.stats.out_of_memory == 1 and summary.stats.batch_size == 2
     assert "recovered from 1 out-of-memory error(s): batch size 4 -> 2" in str(summary)
-    assert summary.stats.num_blocks == reference.stats.num_blocks == 48
-    np.testing.assert_array_equal(written(tmp_path / "dask.zarr"), written(tmp_path / "local.zarr"))
+    assert summary.stats.num_blocks == 48
+    # Other blocks (16^3, not 32^3) with a halo covering the receptive field: the same numbers up to rounding.
+    np.testing.assert_allclose(written(tmp_path / "dask.zarr"), undisturbed, rtol=0, atol=1e-5)
