@@ -27,7 +27,6 @@ trials are cached per model, device, precision and constraints (see
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -151,17 +150,18 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         free, _ = torch.cuda.mem_get_info(predictor.device)
         budget_bytes = int(free * MEMORY_FRACTION)
     baseline = torch.cuda.memory_allocated(predictor.device) if cuda else 0
-    warm: list[bool] = []  # empty until the first trial has run
+    warmed = False  # the first trial also warms up threads and allocators
 
     def run(block: Coord, batch: int) -> Trial:
+        nonlocal warmed
         raw = _random_block((problem.in_channels,) + tuple(problem.input_shape(block)), problem.raw_dtype)
-        steps = dataclasses.replace(problem.steps, crop=tuple(slice(h, h + n) for h, n in zip(problem.halo, block)))
+        steps = problem.steps.for_core(problem.halo, block)
         if cuda:
             torch.cuda.reset_peak_memory_stats(predictor.device)
         try:
-            for _ in range(1 if warm else 3):  # warm-up: kernels chosen, memory grown (the first trial: threads too)
+            for _ in range(1 if warmed else 3):  # warm-up: kernels chosen, memory grown
                 predictor.submit([raw] * batch, steps).result()
-            warm.append(True)
+            warmed = True
             start = time.perf_counter()
             pending = None
             for _ in range(repeats):

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -80,6 +80,10 @@ class DeviceSteps:
     crop: tuple[slice, slice, slice] | None = None
     channels: tuple[int, ...] | None = None
     output_dtype: np.dtype = np.dtype("float32")
+
+    def for_core(self, halo: tuple[int, ...], core_shape: tuple[int, ...]) -> "DeviceSteps":
+        """These steps, cropping a network output that begins ``halo`` before a core of ``core_shape``."""
+        return replace(self, crop=tuple(slice(h, h + n) for h, n in zip(halo, core_shape)))
 
 
 @dataclass

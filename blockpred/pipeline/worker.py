@@ -227,8 +227,9 @@ class _DeviceFeed:
     def _steps(self, block: Block, core_shape: Coord, data: np.ndarray) -> DeviceSteps:
         halo = block.core_box.begin - block.output_begin
         scale, offset = self._settings.normalization.scale_offset(data.dtype)
-        return DeviceSteps(scale=scale, offset=offset, crop=tuple(slice(h, h + n) for h, n in zip(halo, core_shape)),
-                           channels=self._settings.channels, output_dtype=self._settings.output_dtype)
+        steps = DeviceSteps(scale=scale, offset=offset, channels=self._settings.channels,
+                            output_dtype=self._settings.output_dtype)
+        return steps.for_core(halo, core_shape)
 
     def _launch(self) -> None:
         items = [self._queue.popleft() for _ in range(min(self._backoff.batch_size, len(self._queue)))]
