@@ -19,8 +19,13 @@ DEFAULT_SHAPE = Coord((128, 256, 256))
 VOXEL_SIZE = (40.0, 4.0, 4.0)  # nm, z y x: CREMI-like anisotropy
 
 
-def make_em_volume(shape: Coord = DEFAULT_SHAPE, *, seed: int = 0, num_cells: int = 48) -> np.ndarray:
-    """A uint8 EM-like volume of ``shape`` (z, y, x)."""
+#: Standard deviation of the shot noise, in grey values.
+NOISE = 14.0
+
+
+def make_em_volume(shape: Coord = DEFAULT_SHAPE, *, seed: int = 0, num_cells: int = 48,
+                   noise: float = NOISE) -> np.ndarray:
+    """A uint8 EM-like volume of ``shape`` (z, y, x), with shot noise of standard deviation ``noise``."""
     rng = np.random.default_rng(seed)
     shape = Coord(shape)
     anisotropy = np.array(VOXEL_SIZE) / VOXEL_SIZE[-1]
@@ -35,7 +40,7 @@ def make_em_volume(shape: Coord = DEFAULT_SHAPE, *, seed: int = 0, num_cells: in
         membrane = np.exp(-(((nearest[..., 1] - nearest[..., 0]) / 2.5) ** 2))
         db = np.sqrt((zz - blobs[:, 0]) ** 2 + (yy[..., None] - blobs[:, 1]) ** 2 + (xx[..., None] - blobs[:, 2]) ** 2)
         organelle = (db.min(axis=-1) < 9.0).astype(np.float32)
-        value = 175.0 - 115.0 * membrane - 45.0 * organelle + rng.normal(0.0, 14.0, size=membrane.shape)
+        value = 175.0 - 115.0 * membrane - 45.0 * organelle + rng.normal(0.0, noise, size=membrane.shape)
         out[z] = np.clip(value, 0, 255).astype(np.uint8)
     return out
 
@@ -48,11 +53,14 @@ def write_em_volume(path: str, shape: Coord, *, chunks: Coord = Coord((64, 64, 6
     """A synthetic EM volume of any size at ``path``, quickly: one :data:`TILE` repeated, slab by slab.
 
     :func:`make_em_volume` makes about half a megavoxel per second, too slow for
-    the gigavoxel volumes a GPU benchmark needs; a repeated tile reads,
-    compresses and predicts like the real thing.  Memory: one slab of the tile's depth.
+    the gigavoxel volumes a GPU benchmark needs.  The tile's cells repeat, but
+    every slab gets fresh shot noise, so the volume compresses like EM data
+    does (a repeated noisy tile would compress, and so read and write, far too
+    well).  Memory: one slab of the tile's depth.
     """
     shape = Coord(shape)
-    tile = make_em_volume(TILE.minimum(shape))
+    rng = np.random.default_rng(1)
+    tile = make_em_volume(TILE.minimum(shape), noise=0.0).astype(np.int16)
     volume = create_volume(path, spatial_shape=shape, num_channels=None, dtype=np.uint8,
                            chunk_shape=chunks.minimum(shape), ome=ome, overwrite=True)
     reps = (1,) + tuple(-(-s // t) for s, t in zip(shape[1:], tile.shape[1:]))
@@ -61,6 +69,8 @@ def write_em_volume(path: str, shape: Coord, *, chunks: Coord = Coord((64, 64, 6
     for z in range(0, shape[0], slab):
         depth = min(slab, shape[0] - z)
         data = np.take(plane, np.arange(z, z + depth) % tile.shape[0], axis=0)
+        data = data + np.rint(rng.standard_normal(data.shape, dtype=np.float32) * NOISE).astype(np.int16)
+        data = np.clip(data, 0, 255).astype(np.uint8)
         volume.write(Box(Coord((z, 0, 0)), Coord((z + depth, shape[1], shape[2]))), data)
     volume.close()
     return path

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import re
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -99,6 +100,8 @@ class Volume(abc.ABC):
     voxel_size: tuple[float, ...] | None = None
     #: True when writes of disjoint, chunk-aligned boxes may run in parallel threads.
     parallel_writes: bool = True
+    #: True when :meth:`write_async` returns at once and the write runs elsewhere (tensorstore's threads).
+    async_writes: bool = False
     #: False for a volume opened with mode "r"; :meth:`write` then raises.
     writable: bool = True
 
@@ -137,19 +140,36 @@ class Volume(abc.ABC):
         return np.asarray(self._read(self._index(box)))
 
     def write(self, box: Box, data: np.ndarray) -> None:
-        """Write ``data`` (all channels) into ``box`` (spatial)."""
+        """Write ``data`` (all channels) into ``box`` (spatial); returns once the data is stored."""
+        self._write(self._index(box), self._checked(box, data))
+
+    def write_async(self, box: Box, data: np.ndarray) -> Future:
+        """Start writing ``data`` into ``box``; the future completes (or fails) once the data is stored.
+
+        ``data`` must not change until then.  Backends with :attr:`async_writes`
+        return at once; the others write before they return a finished future.
+        """
+        return self._write_async(self._index(box), self._checked(box, data))
+
+    def _checked(self, box: Box, data: np.ndarray) -> np.ndarray:
         if not self.writable:
             raise PermissionError(f"{self.path} was opened read-only; open it with mode 'r+' to write")
         expected = self.shape[:-3] + tuple(box.shape)
         if tuple(data.shape) != expected:
             raise ValueError(f"data of shape {data.shape} does not fit box {box} of {self.path}: expected {expected}")
-        self._write(self._index(box), np.ascontiguousarray(data, dtype=self.dtype))
+        return np.asarray(data, dtype=self.dtype)  # no copy when the dtype already matches
 
     @abc.abstractmethod
     def _read(self, index: tuple[slice, ...]) -> np.ndarray: ...
 
     @abc.abstractmethod
     def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None: ...
+
+    def _write_async(self, index: tuple[slice, ...], data: np.ndarray) -> Future:
+        future: Future = Future()
+        self._write(index, data)
+        future.set_result(None)
+        return future
 
     def close(self) -> None:
         """Release file handles (a no-op for most backends)."""

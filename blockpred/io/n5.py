@@ -36,7 +36,8 @@ import numpy as np
 import tensorstore as ts
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
-from .base import Volume, VolumePath, spatial_voxel_size
+from .base import VolumePath, spatial_voxel_size
+from .tensorstore_io import TensorstoreVolume, context, open_store
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,11 @@ _COMPRESSION = {
 }
 
 
-class N5Volume(Volume):
+class N5Volume(TensorstoreVolume):
     """An N5 dataset, presented as (z, y, x) or (c, z, y, x)."""
 
     parallel_writes = True
+    async_writes = True
 
     def __init__(self, path: VolumePath, mode: str = "r"):
         self.path = path
@@ -61,7 +63,7 @@ class N5Volume(Volume):
         self.writable = mode == "r+"
         attributes = _dataset_attributes(path)
         try:
-            on_disk = ts.open(_spec(path), read=True, write=self.writable).result()
+            on_disk = open_store(_spec(path), writable=self.writable)
         except ValueError as error:
             raise InvalidVolumeError(
                 f"N5 dataset {str(path)!r} must have valid attributes.json metadata; "
@@ -74,12 +76,6 @@ class N5Volume(Volume):
         self.chunk_shape = tuple(int(n) for n in attributes["blockSize"][::-1])
         self.voxel_size = _voxel_size(attributes)
         log.debug("opened %r", self)
-
-    def _read(self, index: tuple[slice, ...]) -> np.ndarray:
-        return self._store[index].read().result()
-
-    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
-        self._store[index].write(data).result()
 
     def __reduce__(self):
         return (type(self), (self.path, self._mode))
@@ -148,7 +144,7 @@ def create_volume(
     }
     if voxel_size is not None:
         metadata["resolution"] = [float(v) for v in voxel_size[::-1]] + [1.0] * (len(shape) - 3)
-    ts.open({**_spec(path), "metadata": metadata}, create=True).result()
+    ts.open({**_spec(path), "metadata": metadata}, create=True, context=context()).result()
     log.info("created N5 dataset %s shape=%s chunks=%s dtype=%s", path, shape, chunk_shape, dtype)
     return N5Volume(path, "r+")
 

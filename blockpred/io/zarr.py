@@ -17,6 +17,12 @@ New volumes (:func:`create`):
   ``raw`` (none).
 * format 3 arrays carry ``dimension_names`` (``c``, ``z``, ``y``, ``x``).
 
+Reads and writes go through tensorstore (driver ``zarr`` for format 2,
+``zarr3`` for format 3, sharded arrays included; see :mod:`.tensorstore_io`);
+zarr-python finds the array (OME-NGFF groups, paths, attributes) and creates
+it.  An array tensorstore cannot open (a codec or filter it lacks) is read and
+written through zarr-python instead, slower but the same values.
+
 Writes to disjoint boxes aligned to :attr:`ZarrVolume.chunk_shape` (the shard
 shape of a sharded array) touch disjoint files, so threads may write at once.
 """
@@ -37,13 +43,14 @@ from zarr.storage import LocalStore
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
 from .base import Volume, VolumePath, spatial_voxel_size
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
+from .tensorstore_io import TensorstoreVolume, open_store
 
 log = logging.getLogger(__name__)
 
 _NOT_FOUND = (FileNotFoundError, zarr.errors.NodeNotFoundError)
 
 
-class ZarrVolume(Volume):
+class ZarrVolume(TensorstoreVolume):
     """A zarr array, or the first scale of an OME-NGFF image group."""
 
     parallel_writes = True
@@ -57,17 +64,44 @@ class ZarrVolume(Volume):
         self.dtype = np.dtype(self._array.dtype)
         # The shard is the unit a writer rewrites whole; without sharding it is the chunk.
         self.chunk_shape = tuple(self._array.shards or self._array.chunks)
+        #: The shape of a chunk inside a shard (the chunk itself without sharding).
+        self.inner_chunk_shape = tuple(self._array.chunks)
         self.zarr_format: int = self._array.metadata.zarr_format
+        self._store = _tensorstore(path, self._array, self.writable)
+        self.async_writes = self._store is not None
         log.debug("opened %r", self)
 
     def _read(self, index: tuple[slice, ...]) -> np.ndarray:
-        return self._array[index]
+        if self._store is None:
+            return self._array[index]
+        return super()._read(index)
 
     def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
-        self._array[index] = data
+        if self._store is None:
+            self._array[index] = data
+        else:
+            super()._write(index, data)
+
+    def _write_async(self, index: tuple[slice, ...], data: np.ndarray):
+        if self._store is None:
+            return Volume._write_async(self, index, data)
+        return super()._write_async(index, data)
 
     def __reduce__(self):
         return (type(self), (self.path, self._mode))
+
+
+def _tensorstore(path: VolumePath, array: zarr.Array, writable: bool):
+    """The array opened with tensorstore, or None when tensorstore cannot read it (zarr-python then does)."""
+    spec = {
+        "driver": "zarr3" if array.metadata.zarr_format == 3 else "zarr",
+        "kvstore": {"driver": "file", "path": str(path.container.absolute() / array.path) + "/"},
+    }
+    try:
+        return open_store(spec, writable=writable)
+    except ValueError as error:
+        log.info("tensorstore cannot open %s (%s); reading and writing it through zarr-python", path, error)
+        return None
 
 
 def open_volume(path: VolumePath, mode: str = "r") -> ZarrVolume:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +38,10 @@ _CAST_ONCE = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTr
               torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Linear)
 #: Raw dtypes uploaded as they are; uint16 goes up as its int16 bits, anything else as float32.
 _UPLOADED = {np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "float16", "float32")}
+_TORCH_OUTPUT_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float16"): torch.float16,
+                        np.dtype("uint8"): torch.uint8}
+#: Elements per piece of the elementwise steps on the CPU: 1 MB of float32, a core's cache.
+_CPU_SLAB_ELEMENTS = 1 << 18
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 MEMORY_FORMATS = ("contiguous", "channels_last")
 
@@ -219,29 +224,60 @@ class Predictor:
     def _steps(self, raw: torch.Tensor, raw_dtype: np.dtype, steps: DeviceSteps) -> torch.Tensor:
         """Normalise, run the network, crop and convert: everything on the device, out of place."""
         with torch.inference_mode():
-            x = raw
-            if raw_dtype == np.uint16:
-                x = x.to(torch.int32).bitwise_and_(0xFFFF)
-            x = x.to(torch.float32)
-            if steps.scale != 1.0:
-                x = x * steps.scale
-            if steps.offset != 0.0:
-                x = x + steps.offset
-            out = self.forward(x)
+            out = self.forward(self._normalized(raw, raw_dtype, steps))
             y = out
-            if steps.channels is not None:
-                y = y[:, list(steps.channels)]
+            channels = range(y.shape[1]) if steps.channels is None else steps.channels
             if steps.crop is not None:
                 y = y[(slice(None), slice(None)) + tuple(steps.crop)]
-            y = y.float()
-            if steps.output_dtype == np.uint8:
-                y = y.clamp(0.0, 1.0).mul_(255.0).round_().to(torch.uint8)
-            elif steps.output_dtype == np.float16:
-                y = y.to(torch.float16)
-            y = y.contiguous()
-            if self.compile == "reduce-overhead" and y.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
-                y = y.clone()  # CUDA graphs reuse their output buffer at the next replay
-            return y
+            if steps.channels is None and steps.crop is None and y.dtype == torch.float32 \
+                    and steps.output_dtype == np.float32:
+                # Nothing to convert: the network's own output (a copy if CUDA graphs will reuse its buffer).
+                return y.clone() if self.compile == "reduce-overhead" else y
+            result = torch.empty((y.shape[0], len(channels)) + tuple(y.shape[2:]), device=y.device,
+                                 dtype=_TORCH_OUTPUT_DTYPES[np.dtype(steps.output_dtype)])
+            for b, c, z in self._slabs(result.shape):
+                source = y[b, channels[c], z] if c is not None else (y if steps.channels is None else y[:, list(channels)])
+                target = result[b, c, z] if c is not None else result
+                if steps.output_dtype == np.uint8:
+                    # int32 on the way: torch's float -> uint8 cast is twice as slow on the CPU.
+                    source = torch.clamp(source.float(), 0.0, 1.0).mul_(255.0).round_().to(torch.int32)
+                target.copy_(source)
+            return result
+
+    def _normalized(self, raw: torch.Tensor, raw_dtype: np.dtype, steps: DeviceSteps) -> torch.Tensor:
+        """``raw`` as float32, ``x * scale + offset``, slab by slab on the CPU (see :meth:`_slabs`)."""
+        if raw.dtype == torch.float32 and steps.scale == 1.0 and steps.offset == 0.0:
+            return raw
+        x = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
+        for b, c, z in self._slabs(raw.shape):
+            index = (b, c, z) if c is not None else (Ellipsis,)
+            source, target = raw[index], x[index]
+            if raw_dtype == np.uint16:  # uploaded as its int16 bits
+                source = source.to(torch.int32).bitwise_and_(0xFFFF)
+            target.copy_(source)
+            if steps.scale != 1.0:
+                target.mul_(steps.scale)
+            if steps.offset != 0.0:
+                target.add_(steps.offset)
+        return x
+
+    def _slabs(self, shape: tuple[int, ...]) -> Iterator[tuple[int | None, int | None, slice]]:
+        """(b, c, z-range) pieces of a (B, C, Z, Y, X) tensor for elementwise steps, or one whole piece.
+
+        On the CPU, steps over a whole block pass many megabytes through memory
+        per operation; in pieces of about :data:`_CPU_SLAB_ELEMENTS` each piece
+        stays in the core's cache for all its operations (about 4x faster on
+        uint8 output).  On CUDA the whole tensor is one piece (``(None, None, :)``).
+        """
+        if self._cuda:
+            yield None, None, slice(None)
+            return
+        depth, plane = shape[2], max(1, math.prod(shape[3:]))
+        step = max(1, _CPU_SLAB_ELEMENTS // plane)
+        for b in range(shape[0]):
+            for c in range(shape[1]):
+                for z in range(0, depth, step):
+                    yield b, c, slice(z, z + step)
 
     def _submit_cuda(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
         first = _upload_form(blocks[0])

@@ -1,4 +1,4 @@
-"""Write finished blocks on a bounded pool of threads; the first error wins."""
+"""Write finished blocks, a bounded number at a time; a failed write fails only its block."""
 
 from __future__ import annotations
 
@@ -15,13 +15,19 @@ from ..io.base import Volume
 
 
 class BlockWriter:
-    """Writes each block's cropped output into ``sink.write(block.write_box, data)``.
+    """Writes each block's cropped output into ``sink`` at the block's write box.
 
-    At most ``max_pending`` blocks wait or are being written at once: ``submit``
-    blocks the caller beyond that (back-pressure, so memory stays bounded).
-    ``on_written(block)`` runs after a block's data is written, never before.
-    A volume without parallel writes (HDF5) gets one writer thread.  A failed
-    write calls ``on_failed(block, error)`` and the others go on.
+    A sink with asynchronous writes (tensorstore: zarr, N5) encodes and stores
+    on its own thread pool: ``submit`` starts the write and returns.  Any other
+    sink (HDF5) is written by ``num_threads`` threads of this writer (one when
+    the sink has no parallel writes).  Either way at most ``max_pending``
+    blocks are being written at once: ``submit`` blocks the caller beyond that
+    (back-pressure, so memory stays bounded).
+
+    When a block's write is stored, ``on_written(block, seconds)`` runs (from
+    whichever thread finished it), never before; then ``release()``, if the
+    block was submitted with one, says its buffer may be reused.  A failed
+    write calls ``on_failed(block, error)`` instead and the others go on.
     """
 
     def __init__(
@@ -36,27 +42,53 @@ class BlockWriter:
         self._sink = sink
         self._on_written = on_written
         self._on_failed = on_failed
-        threads = num_threads if sink.parallel_writes else 1
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blockpred-write")
-        self._slots = threading.BoundedSemaphore(max(max_pending, threads))
+        self._pool = None
+        if not sink.async_writes:
+            threads = num_threads if sink.parallel_writes else 1
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blockpred-write")
+            max_pending = max(max_pending, threads)
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._max_pending = max_pending
 
-    def _write(self, block: Block, data: np.ndarray) -> None:
+    def submit(self, block: Block, data: np.ndarray, release: Callable[[], None] | None = None) -> None:
+        self._slots.acquire()
+        start = time.perf_counter()
+        if self._pool is not None:
+            self._pool.submit(self._write_now, block, data, start, release)
+            return
         try:
-            start = time.perf_counter()
+            future = self._sink.write_async(block.write_box, data)
+        except Exception as err:  # noqa: BLE001 - a bad box or data fails its block only
+            self._finish(block, start, release, err)
+            return
+        future.add_done_callback(lambda done: self._finish(block, start, release, done.exception()))
+
+    def _write_now(self, block: Block, data: np.ndarray, start: float, release) -> None:
+        try:
             self._sink.write(block.write_box, data)
-            if self._on_written is not None:
-                self._on_written(block, time.perf_counter() - start)
         except Exception as err:  # noqa: BLE001 - reported through on_failed
-            failure = BlockFailedError(block.index, f"writing {block} failed: {err}")
-            failure.__cause__ = err
-            if self._on_failed is not None:
+            self._finish(block, start, release, err)
+        else:
+            self._finish(block, start, release, None)
+
+    def _finish(self, block: Block, start: float, release, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                if self._on_written is not None:
+                    self._on_written(block, time.perf_counter() - start)
+            elif self._on_failed is not None:
+                failure = BlockFailedError(block.index, f"writing {block} failed: {error}")
+                failure.__cause__ = error
+                self._on_failed(block, failure)
+        except Exception as err:  # noqa: BLE001 - marking a block done failed: the block is not done
+            if self._on_failed is not None and error is None:
+                failure = BlockFailedError(block.index, f"recording {block} as written failed: {err}")
+                failure.__cause__ = err
                 self._on_failed(block, failure)
         finally:
+            if release is not None:
+                release()
             self._slots.release()
-
-    def submit(self, block: Block, data: np.ndarray) -> None:
-        self._slots.acquire()
-        self._pool.submit(self._write, block, data)
 
     def close(self) -> None:
         """Wait for every submitted write.
@@ -65,4 +97,9 @@ class BlockWriter:
         are finished results (at most ``max_pending``), so they are written rather
         than dropped, and no chunk is left half-written.
         """
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for _ in range(self._max_pending):  # every slot back: every write has finished
+            self._slots.acquire()
+        for _ in range(self._max_pending):
+            self._slots.release()

@@ -16,18 +16,23 @@ class Identity(torch.nn.Module):
         return x
 
 
-def raw_block(dtype, rng):
+#: A block the CPU steps cut into several slabs per channel (see Predictor._slabs), and a small one.
+SHAPES = [pytest.param((1, 6, 7, 8), id="one-slab"), pytest.param((1, 50, 96, 100), id="slabs")]
+
+
+def raw_block(dtype, rng, shape=(1, 6, 7, 8)):
     if np.dtype(dtype).kind == "f":
-        return (rng.standard_normal((1, 6, 7, 8)) * 3).astype(dtype)
+        return (rng.standard_normal(shape) * 3).astype(dtype)
     info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, (1, 6, 7, 8), endpoint=True, dtype=dtype)
+    return rng.integers(info.min, info.max, shape, endpoint=True, dtype=dtype)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "int16", "int32", "float32", "float64", "uint32"])
 @pytest.mark.parametrize("normalize", ["auto", "none", "minmax:10,200", "meanstd:100,25"])
-def test_normalisation_on_the_device_equals_the_host_definition(dtype, normalize):
+def test_normalisation_on_the_device_equals_the_host_definition(dtype, normalize, shape):
     rng = np.random.default_rng(1)
-    block = raw_block(dtype, rng)
+    block = raw_block(dtype, rng, shape)
     norm = Normalization.parse(normalize)
     scale, offset = norm.scale_offset(block.dtype)
     got = Predictor(Identity(), torch.device("cpu")).submit([block], DeviceSteps(scale=scale, offset=offset)).result()
@@ -35,11 +40,14 @@ def test_normalisation_on_the_device_equals_the_host_definition(dtype, normalize
     np.testing.assert_array_equal(got[0], norm.apply(block))
 
 
+@pytest.mark.parametrize("shape, crop", [
+    pytest.param((3, 10, 12, 14), (slice(2, 8), slice(1, 11), slice(3, 9)), id="one-slab"),
+    pytest.param((3, 60, 96, 100), (slice(3, 57), slice(4, 92), slice(1, 99)), id="slabs"),
+])
 @pytest.mark.parametrize("output_dtype", ["float32", "float16", "uint8"])
-def test_crop_channels_and_output_conversion_on_the_device_equal_the_host_definition(output_dtype):
+def test_crop_channels_and_output_conversion_on_the_device_equal_the_host_definition(output_dtype, shape, crop):
     rng = np.random.default_rng(2)
-    block = (rng.standard_normal((3, 10, 12, 14)) * 0.7 + 0.5).astype(np.float32)
-    crop = (slice(2, 8), slice(1, 11), slice(3, 9))
+    block = (rng.standard_normal(shape) * 0.7 + 0.5).astype(np.float32)
     steps = DeviceSteps(crop=crop, channels=(2, 0), output_dtype=np.dtype(output_dtype))
     got = Predictor(Identity(), torch.device("cpu")).submit([block, block[::-1].copy()], steps).result()
 
@@ -47,6 +55,13 @@ def test_crop_channels_and_output_conversion_on_the_device_equal_the_host_defini
         expected = convert_output(source[[2, 0]][(slice(None),) + crop], np.dtype(output_dtype))
         assert got_block.dtype == expected.dtype
         np.testing.assert_array_equal(got_block, expected)
+
+
+@pytest.mark.parametrize("output_dtype", ["float32", "uint8"])
+def test_all_channels_uncropped_come_back_converted(output_dtype):
+    block = np.random.default_rng(4).random((2, 40, 80, 90), dtype=np.float32)
+    got = Predictor(Identity(), torch.device("cpu")).submit([block], DeviceSteps(output_dtype=np.dtype(output_dtype)))
+    np.testing.assert_array_equal(got.result()[0], convert_output(block, np.dtype(output_dtype)))
 
 
 def test_bf16_weights_cast_once_give_the_numbers_of_autocast_casting_them_at_every_call():
