@@ -57,6 +57,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--normalize", help="auto, none, minmax:LO,HI or meanstd:MEAN,STD [auto]")
     g.add_argument("--output-dtype", choices=("float32", "float16", "uint8"), help="[float32]")
     g.add_argument("--output-chunks", help="output chunk shape Z,Y,X [largest divisor of the block <= 128]")
+    g.add_argument("--shards", help="zarr v3 shard shape Z,Y,X, block (one per block), off, or auto: by block "
+                                    "above 100,000 output chunks [auto]")
     g.add_argument("--channels", help="output channels to keep, e.g. 0,2 [all]")
     g.add_argument("--compression", choices=("zstd", "gzip", "blosc", "raw"), help="[zstd]")
     g.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
@@ -65,7 +67,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
-             "output_chunks", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
+             "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
              "retries", "skip_empty", "mask", "compile", "memory_format")
 
 

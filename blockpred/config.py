@@ -19,6 +19,7 @@ import yaml
 
 from .errors import InputNotFoundError, InvalidOptionError
 from .geometry import Box, Coord
+from .layout import SHARD_CHOICES
 from .normalize import Normalization, parse_output_dtype
 from .padding import PAD_MODES
 from .pipeline.infer import COMPILE_MODES, MEMORY_FORMATS
@@ -57,8 +58,11 @@ class RunConfig:
     memory_format: str = "contiguous"
     normalize: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")
-    #: Output chunk shape (z, y, x); None: per axis the largest divisor of the block <= 128.
+    #: Output chunk shape (z, y, x); None: per axis the largest divisor of the block (or shard) <= 128.
     output_chunks: Coord | None = None
+    #: zarr v3 shards (z, y, x), "block" (one per block), "off", or "auto": by block when the
+    #: output would have more than 100,000 chunks (see :mod:`blockpred.layout`).
+    shards: Coord | str = "auto"
     #: Output channels to keep (indices into the network's channels); None keeps all.
     channels: tuple[int, ...] | None = None
     #: Sub-volume to predict, in voxels of the input; None: the whole volume.
@@ -153,6 +157,15 @@ def _normalise(name: str, value: Any) -> Any:
         if str(value).lower() not in MEMORY_FORMATS:
             raise InvalidOptionError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {value!r}")
         return str(value).lower()
+    if name == "shards":
+        if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "none", "false")):
+            return "off"  # YAML reads a bare `off` as False
+        if isinstance(value, str) and value.strip().lower() in SHARD_CHOICES:
+            return value.strip().lower()
+        shape = parse_shape(value, "shards")
+        if any(v <= 0 for v in shape):
+            raise InvalidOptionError(f"shards must be positive on every axis, or auto, block or off; got {tuple(shape)}")
+        return shape
     if name in ("block", "halo", "downsampling", "output_chunks"):
         shape = parse_shape(value, name)
         if name == "halo" and any(v < 0 for v in shape):

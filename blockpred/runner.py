@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import sys
 import threading
@@ -30,8 +29,10 @@ from .io import (
     open_volume,
     parse_volume_path,
     remove_volume,
+    supports_sharding,
     volume_exists,
 )
+from .layout import OutputLayout, block_step, choose_layout
 from .job import Job, ModelSpec, run_job
 from .mask import Mask
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
@@ -45,8 +46,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_BLOCK = Coord((64, 64, 64))
 #: Halo for a 'same' network that states none.
 DEFAULT_HALO = Coord((8, 8, 8))
-#: Output chunks are at most this long per axis unless chosen explicitly.
-MAX_DEFAULT_CHUNK = 128
 
 
 @dataclass(frozen=True)
@@ -123,11 +122,6 @@ def check_output_path(source: VolumePath, target: VolumePath) -> None:
         )
 
 
-def default_chunks(block: Coord, limit: int = MAX_DEFAULT_CHUNK) -> Coord:
-    """Per axis the largest divisor of the block that is at most ``limit``."""
-    return Coord(max(d for d in range(1, min(b, limit) + 1) if b % d == 0) for b in block)
-
-
 def default_io_threads(cfg: RunConfig) -> int:
     """Reader (and writer) threads per worker: half the CPU cores each worker has, from 2 to 8.
 
@@ -149,9 +143,7 @@ def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Co
     if config.block is not None:
         return config.block
     block = model_block if model_block is not None else DEFAULT_BLOCK
-    step = downsampling
-    if config.output_chunks is not None:
-        step = Coord(math.lcm(a, b) for a, b in zip(downsampling, config.output_chunks))
+    step = block_step(downsampling, config.output_chunks, config.shards)
     # A small volume gets one small block rather than one mostly made of padding.
     return block.minimum(roi_shape).ceil_div(step) * step
 
@@ -212,8 +204,8 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath,
     resume_block = None
     if previous is not None and not cfg.overwrite and cfg.block == "auto" and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
-    layout = _plan(cfg, source, roi, model, predictor, resume_block)
-    plan, geometry, chunks = layout.plan, layout.geometry, layout.chunks
+    layout = _plan(cfg, source, roi, model, predictor, resume_block, target_path)
+    plan, geometry, output = layout.plan, layout.geometry, layout.output
     channels = _check_channels(cfg.channels, geometry)
     settings = PipelineSettings(
         batch_size=layout.batch_size, num_readers=cfg.num_readers or default_io_threads(cfg),
@@ -222,7 +214,7 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
         downsampling=_downsampling(cfg, model),
     )
-    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, chunks, channels, mask))
+    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
     if previous is not None and not cfg.overwrite:
         changes = describe_changes(previous.fingerprint, fingerprint)
         if changes:
@@ -242,7 +234,8 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath,
             spatial_shape=source.spatial_shape,
             num_channels=len(channels) if channels is not None else geometry.out_channels,
             dtype=cfg.output_dtype,
-            chunk_shape=chunks,
+            chunk_shape=output.chunks,
+            shard_shape=output.shards,
             compression=cfg.compression,
             voxel_size=source.voxel_size,
         )
@@ -292,7 +285,7 @@ def _client_device(cfg: RunConfig):
     return resolve_device(cfg.device)
 
 
-def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, chunks: Coord,
+def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, output: OutputLayout,
                  channels, mask: Mask | None) -> dict:
     """Everything that decides the output's values and layout (see :mod:`blockpred.markers`)."""
     return {
@@ -302,7 +295,8 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
         "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
         "network_input": plan.input_shape, "context": plan.context,
         "normalize": str(cfg.normalize), "pad_mode": cfg.pad_mode, "pad_value": cfg.pad_value,
-        "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": chunks,
+        "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": output.chunks,
+        "output_shards": output.shards,
         "channels": channels, "skip_empty": cfg.skip_empty,
         "mask": None if mask is None else [os.path.abspath(str(mask.path)), mask.mask_shape],
     }
@@ -346,14 +340,15 @@ def _downsampling(cfg: RunConfig, model) -> Coord:
 class _Layout:
     plan: BlockPlan
     geometry: NetworkGeometry
-    chunks: Coord
+    output: OutputLayout
     batch_size: int
     #: What ``--block auto`` / ``--batch-size auto`` chose, if asked.
     sizing: SizeChoice | None = None
 
 
-def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None) -> _Layout:
-    """Block, halo, chunks and batch from the options, the model's defaults or trials; checked; dry-run."""
+def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
+          target_path: VolumePath) -> _Layout:
+    """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run."""
     downsampling = _downsampling(cfg, model)
     auto_block = cfg.block == "auto"
     start_block = resume_block if auto_block and resume_block is not None else (None if auto_block else cfg.block)
@@ -362,14 +357,19 @@ def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block
     base_block = block
     if searching:  # the dry run on a small block: the default one may not fit the device
         block = probe_block(block, downsampling)
-    chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
+
+    def layout_for(block: Coord) -> OutputLayout:
+        return choose_layout(block=block, volume_shape=source.spatial_shape, chunks=cfg.output_chunks,
+                             shards=cfg.shards, can_shard=supports_sharding(target_path), target=str(target_path))
+
+    output = None if searching else layout_for(block)
     halo_defaulted = cfg.halo is None and model.default_halo is None
     halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
     if halo_defaulted and model.padding == "valid":
         halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
     # Check block, halo, chunks and ROI before the (possibly slow) dry run.
     plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
-                downsampling=downsampling, chunk_shape=None if searching else chunks)
+                downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
     in_channels = source.num_channels or 1
     geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
                              first_input=_valid_input_hint(model, block + halo * 2))
@@ -384,12 +384,13 @@ def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block
         batch_size = sizing.batch_size
         if sizing.block != block:
             block = sizing.block
-            chunks = cfg.output_chunks if cfg.output_chunks is not None else default_chunks(block)
             geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
                                      downsampling=downsampling, first_input=_valid_input_hint(model, block + halo * 2))
+    output = layout_for(block)
     plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
-                       input_shape=geometry.input_shape, roi=roi, downsampling=downsampling, chunk_shape=chunks)
-    return _Layout(plan, geometry, chunks, int(batch_size), sizing)
+                       input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
+                       chunk_shape=output.write_unit)
+    return _Layout(plan, geometry, output, int(batch_size), sizing)
 
 
 def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
@@ -402,9 +403,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
     ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
     """
     _check_channels(cfg.channels, geometry)  # before trials that would select them
-    step = downsampling
-    if cfg.output_chunks is not None:
-        step = Coord(math.lcm(a, b) for a, b in zip(downsampling, cfg.output_chunks))
+    step = block_step(downsampling, cfg.output_chunks, cfg.shards)
     scale, offset = cfg.normalize.scale_offset(source.dtype)
     problem = SizeProblem(
         in_channels=source.num_channels or 1, raw_dtype=source.dtype, halo=halo, context=geometry.context,

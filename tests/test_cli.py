@@ -60,6 +60,11 @@ def _bad_cases(tmp_path, volume):
         pytest.param([volume, "--model", str(pickled)], "--trust-pickle", id="pickle-without-trust"),
         pytest.param([two_channels], "input channel", id="channel-mismatch"),
         pytest.param([volume, "--roi", "0:10,0:10,0:500"], "inside the volume", id="roi-outside"),
+        pytest.param([volume, "--block", "16", "--shards", "32"], "not a multiple of the shard shape",
+                     id="block-not-whole-shards"),
+        pytest.param([volume, str(tmp_path / "out.n5/pred"), "--shards", "16"], "needs a zarr v3 output",
+                     id="shards-in-n5"),
+        pytest.param([volume, "--shards", "many"], "shards must be one integer or three", id="bad-shards"),
     ]
 
 

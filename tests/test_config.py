@@ -62,3 +62,13 @@ def test_normalisation_maps_values(spec, dtype, value, expected):
 def test_uint8_output_maps_unit_interval_to_bytes():
     out = convert_output(np.array([-0.5, 0.0, 0.5, 1.0, 2.0], dtype=np.float32), np.dtype(np.uint8))
     assert out.tolist() == [0, 0, 128, 255, 255]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("shards: off\n", "off"), ("shards: block\n", "block"), ("shards: [16, 32, 32]\n", Coord((16, 32, 32))),
+    ("", "auto"),
+])
+def test_shards_are_read_from_yaml_including_a_bare_off(tmp_path, text, expected):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: tiny\n" + text)
+    assert make_config(path).shards == expected

@@ -37,6 +37,7 @@ __all__ = [
     "open_volume",
     "parse_volume_path",
     "remove_volume",
+    "supports_sharding",
     "volume_exists",
 ]
 
@@ -70,6 +71,7 @@ def create_volume(
     zarr_format: int | None = None,
     ome: bool = True,
     fill_value=0,
+    shard_shape=None,
 ) -> Volume:
     """Create a (z, y, x) volume, or (c, z, y, x) when ``num_channels`` is given, and open it ``"r+"``.
 
@@ -85,6 +87,8 @@ def create_volume(
     dataset in an existing container takes the container's format);
     ``ome=True`` writes an OME-NGFF image group holding the array ``0``,
     ``ome=False`` a plain array at the path.  Both are ignored for N5 and HDF5.
+    ``shard_shape`` (z, y, x; zarr v3 only, see :func:`supports_sharding`)
+    puts the chunks into shards of that shape, a multiple of ``chunk_shape``.
     """
     vpath = _as_path(path)
     spatial = _positive_ints(spatial_shape, "spatial_shape")
@@ -107,6 +111,13 @@ def create_volume(
         if len(voxel) != 3 or not all(v > 0 for v in voxel):
             raise InvalidOptionError(f"voxel_size must be 3 positive numbers (z, y, x), got {voxel_size!r}")
     extra = {"zarr_format": zarr_format, "ome": ome} if vpath.format == "zarr" else {}
+    if shard_shape is not None:
+        shards = _positive_ints(shard_shape, "shard_shape")
+        if not supports_sharding(vpath, zarr_format):
+            raise InvalidOptionError(f"shards need a zarr v3 array, but {str(vpath)!r} is not one; drop shard_shape")
+        if any(s % c for s, c in zip(shards, chunks)):
+            raise InvalidOptionError(f"shard_shape {shards} must be a multiple of chunk_shape {chunks}")
+        extra["shard_shape"] = lead + shards
     return _backend(vpath).create_volume(
         vpath,
         shape=lead + spatial,
@@ -118,6 +129,14 @@ def create_volume(
         fill_value=fill_value,
         **extra,
     )
+
+
+def supports_sharding(path: str | Path | VolumePath, zarr_format: int | None = None) -> bool:
+    """True when a volume created at ``path`` can be sharded: zarr format 3 (a new container's default)."""
+    vpath = _as_path(path)
+    if vpath.format != "zarr":
+        return False
+    return _backend(vpath).container_format(vpath, zarr_format) == 3
 
 
 def volume_exists(path: str | Path | VolumePath) -> bool:

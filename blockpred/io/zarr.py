@@ -153,15 +153,10 @@ def create_volume(
     zarr_format: int | None,
     ome: bool,
     fill_value,
+    shard_shape: tuple[int, ...] | None = None,
 ) -> ZarrVolume:
     """Create the volume at ``path`` (see the module docstring) and open it ``r+``."""
-    existing_format = _container_format(path)
-    if existing_format is not None and zarr_format is not None and zarr_format != existing_format:
-        raise InvalidOptionError(
-            f"zarr_format must match the existing container: {str(path.container)!r} is zarr format "
-            f"{existing_format}, got zarr_format={zarr_format}; drop zarr_format or choose a new container"
-        )
-    fmt = existing_format or zarr_format or 3
+    fmt = container_format(path, zarr_format)
     store = LocalStore(path.container)
     if path.dataset and isinstance(_node(store, ""), zarr.Array):
         raise InvalidOptionError(
@@ -187,6 +182,7 @@ def create_volume(
         name=array_name,
         shape=shape,
         chunks=chunk_shape,
+        shards=shard_shape,
         dtype=dtype,
         compressors=_compressor(compression, fmt),
         fill_value=fill_value,
@@ -194,7 +190,8 @@ def create_volume(
         dimension_names=axis_names(len(shape)) if fmt == 3 else None,
         attributes=attributes,
     )
-    log.info("created zarr v%s volume %s shape=%s chunks=%s dtype=%s", fmt, path, shape, chunk_shape, dtype)
+    log.info("created zarr v%s volume %s shape=%s chunks=%s shards=%s dtype=%s", fmt, path, shape, chunk_shape,
+             shard_shape, dtype)
     return ZarrVolume(path, "r+")
 
 
@@ -212,6 +209,17 @@ def _compressor(name: str, zarr_format: int):
         "gzip": lambda: numcodecs.GZip(level=5),
         "blosc": lambda: numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),
     }[name]()
+
+
+def container_format(path: VolumePath, zarr_format: int | None = None) -> int:
+    """The zarr format a new array at ``path`` gets: its container's, else ``zarr_format``, else 3."""
+    existing_format = _container_format(path)
+    if existing_format is not None and zarr_format is not None and zarr_format != existing_format:
+        raise InvalidOptionError(
+            f"zarr_format must match the existing container: {str(path.container)!r} is zarr format "
+            f"{existing_format}, got zarr_format={zarr_format}; drop zarr_format or choose a new container"
+        )
+    return existing_format or zarr_format or 3
 
 
 def _container_format(path: VolumePath) -> int | None:
