@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -93,7 +94,12 @@ class DeviceSteps:
 
 @dataclass
 class Pending:
-    """A submitted batch.  :meth:`result` waits for it and gives the host array."""
+    """A submitted batch.  :meth:`result` waits for it and gives the host array.
+
+    On CUDA the array is a view of a pinned buffer, handed over without a copy;
+    :meth:`release` gives the buffer back for reuse once every use of the
+    array is over (a buffer never released is simply freed, never reused).
+    """
 
     _value: np.ndarray | None = None
     #: Seconds of device time: the network and the steps around it (wall time on the CPU).
@@ -101,6 +107,7 @@ class Pending:
     #: Seconds of host <-> device copies (0 on the CPU).
     transfer_s: float = 0.0
     _finish: object = None
+    _release: object = None
 
     def result(self) -> np.ndarray:
         if self._finish is not None:
@@ -108,29 +115,41 @@ class Pending:
             self._finish = None
         return self._value
 
+    def release(self) -> None:
+        """The array of :meth:`result` is no longer used: its buffer may be reused."""
+        release, self._release, self._value = self._release, None, None
+        if release is not None:
+            release()
+
 
 class _PinnedPool:
-    """Reusable page-locked host buffers, a few per (shape, dtype); the least recently used go first."""
+    """Reusable page-locked host buffers, a few per (shape, dtype); the least recently used go first.
 
-    def __init__(self, max_keys: int = 8, per_key: int = 4):
+    Buffers come back from writer threads (see :meth:`Pending.release`), so the pool is locked.
+    """
+
+    def __init__(self, max_keys: int = 8, per_key: int = 16):
         self._free: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
         self._max_keys, self._per_key = max_keys, per_key
+        self._lock = threading.Lock()
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        free = self._free.get((shape, dtype))
-        if free:
-            self._free.move_to_end((shape, dtype))
-            return free.pop()
+        with self._lock:
+            free = self._free.get((shape, dtype))
+            if free:
+                self._free.move_to_end((shape, dtype))
+                return free.pop()
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 
     def give(self, buffer: torch.Tensor) -> None:
         key = (tuple(buffer.shape), buffer.dtype)
-        free = self._free.setdefault(key, [])
-        self._free.move_to_end(key)
-        if len(free) < self._per_key:
-            free.append(buffer)
-        while len(self._free) > self._max_keys:
-            self._free.popitem(last=False)
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            self._free.move_to_end(key)
+            if len(free) < self._per_key:
+                free.append(buffer)
+            while len(self._free) > self._max_keys:
+                self._free.popitem(last=False)
 
 
 def _upload_form(array: np.ndarray) -> np.ndarray:
@@ -304,13 +323,11 @@ class Predictor:
 
         def finish() -> tuple[np.ndarray, float, float]:
             events[5].synchronize()
-            values = host_out.numpy().copy()
             self._pool.give(host_in)
-            self._pool.give(host_out)
             transfer_ms = events[0].elapsed_time(events[1]) + events[4].elapsed_time(events[5])
-            return values, events[2].elapsed_time(events[3]) / 1e3, transfer_ms / 1e3
+            return host_out.numpy(), events[2].elapsed_time(events[3]) / 1e3, transfer_ms / 1e3
 
-        return Pending(_finish=finish)
+        return Pending(_finish=finish, _release=lambda: self._pool.give(host_out))
 
     def release_memory(self) -> None:
         """Give cached device memory back (after an out-of-memory error, or trial runs)."""

@@ -263,8 +263,9 @@ class _DeviceFeed:
             return
         self._stats.add("compute_s", pending.compute_s)
         self._stats.add("transfer_s", pending.transfer_s)
+        release = _after_all(len(items), pending.release)  # the batch's buffer, once every block is written
         for (block, _), core_values in zip(items, values):
-            self._write(block, core_values)
+            self._write(block, core_values, release)
 
     def _in_parts(self, block: Block, data: np.ndarray) -> None:
         """One block predicted in parts that tile its core, assembled, then written once."""
@@ -284,6 +285,7 @@ class _DeviceFeed:
                     if assembled is None:
                         assembled = np.empty((values.shape[0],) + tuple(core_shape), dtype=values.dtype)
                     assembled[(slice(None),) + part.to_slices()] = values
+                    pending.release()
             except Exception as err:  # noqa: BLE001 - as in _launch
                 if self._shrink(err, block):
                     continue
@@ -305,9 +307,9 @@ class _DeviceFeed:
                        "x".join(map(str, self._backoff.parts)))
         return True
 
-    def _write(self, block: Block, core_values: np.ndarray) -> None:
+    def _write(self, block: Block, core_values: np.ndarray, release: Callable[[], None] | None = None) -> None:
         crop = block.write_box.relative_to(block.core_box.begin).to_slices()
-        self._writer.submit(block, core_values[(slice(None),) + crop])
+        self._writer.submit(block, core_values[(slice(None),) + crop], release)
 
     def _fail(self, items: list[tuple[Block, np.ndarray]], err: Exception) -> None:
         blocks = [block for block, _ in items]
@@ -318,3 +320,18 @@ class _DeviceFeed:
             error = BlockFailedError(block.index, f"the network failed on {block}{batch_note}: {err}")
             error.__cause__ = err
             self._failed(block, error)
+
+
+def _after_all(count: int, release: Callable[[], None]) -> Callable[[], None]:
+    """A callable that calls ``release`` when it has been called ``count`` times (from any threads)."""
+    left = [count]
+    lock = threading.Lock()
+
+    def one() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            release()
+
+    return one

@@ -109,3 +109,51 @@ def test_a_failing_block_is_named_and_the_blocks_before_it_are_written(tmp_path)
     values = written.read(written.box)[0]
     assert np.allclose(values[:16, :16, :16], 0.2) and np.allclose(values[:16, 16:, 16:], 0.2)
     assert not values[16:, 16:, 16:].any(), "the failed block must leave its chunk unwritten"
+
+
+class ReleaseCounting(Predictor):
+    """The CPU predictor, its batches' results handed over as a GPU's pinned buffers are: released once written."""
+
+    def __init__(self, *args, done: list, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.done, self.batch_sizes, self.released = done, [], []
+        self._lock = __import__("threading").Lock()
+
+    def submit(self, blocks, steps=None):
+        pending = super().submit(blocks, steps) if steps is not None else super().submit(blocks)
+        batch = len(self.batch_sizes)
+        self.batch_sizes.append(len(blocks))
+
+        def release():
+            with self._lock:
+                self.released.append((batch, len(self.done)))
+
+        pending._release = release
+        return pending
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_each_batch_buffer_is_released_once_after_its_blocks_are_written(tmp_path, batch_size):
+    rng = np.random.default_rng(5)
+    shape = (32, 40, 40)
+    source = open_volume(write_test_volume(str(tmp_path / "in.zarr"), rng.integers(0, 255, shape, dtype=np.uint8)))
+    from blockpred.io import create_volume
+
+    sink = create_volume(str(tmp_path / "out.zarr"), spatial_shape=shape, num_channels=2, dtype="float32",
+                         chunk_shape=(16, 16, 16), ome=False)
+    done: list = []
+    model = load_model("tiny")
+    predictor = ReleaseCounting(model.module, torch.device("cpu"), done=done)
+    plan = plan_blocks(volume_shape=Coord(shape), block_shape=Coord((16, 16, 16)), halo=Coord((4, 4, 4)),
+                       downsampling=model.downsampling, chunk_shape=Coord((16, 16, 16)))
+    predictor.batch_sizes.clear()
+    run_blocks(plan, source=source, sink=sink, predictor=predictor, on_block_done=done.append,
+               settings=PipelineSettings(batch_size=batch_size, num_writers=3, downsampling=model.downsampling))
+
+    assert len(done) == plan.num_blocks
+    assert sorted(batch for batch, _ in predictor.released) == list(range(len(predictor.batch_sizes)))
+    # When a batch's buffer comes back, its blocks (and those of every batch released before) are written.
+    released_blocks = 0
+    for batch, num_done in sorted(predictor.released, key=lambda item: item[1]):
+        released_blocks += predictor.batch_sizes[batch]
+        assert num_done >= released_blocks
