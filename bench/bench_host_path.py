@@ -119,6 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="256,512,512")
     parser.add_argument("--input-chunks", default="64,64,64")
+    parser.add_argument("--input", help="an existing uint8 zarr volume instead of a new synthetic one (--shape)")
     parser.add_argument("--block", default="64,256,256")
     parser.add_argument("--halo", default="0,0,0")
     parser.add_argument("--compression", default="zstd")
@@ -131,8 +132,10 @@ def main() -> None:
     block = parse_shape(args.block, "block")
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
-    source = str(root / "host-path-raw.zarr")
-    write_em_volume(source, shape, chunks=parse_shape(args.input_chunks, "input chunks"))
+    source = args.input or str(root / "host-path-raw.zarr")
+    if args.input is None:
+        write_em_volume(source, shape, chunks=parse_shape(args.input_chunks, "input chunks"))
+    shape = open_volume(source).spatial_shape
     options = dict(model=CopyNetwork(), block=tuple(block), halo=args.halo, device=args.device,
                    output_dtype="uint8", compression=args.compression, local=True, overwrite=True, progress=False)
     threads = os.cpu_count() or 1

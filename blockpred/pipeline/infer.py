@@ -218,7 +218,8 @@ class Predictor:
         """
         if not self._cuda:
             start = time.perf_counter()
-            raw = torch.from_numpy(np.stack([_upload_form(b) for b in blocks]))
+            raw = torch.from_numpy(_upload_form(blocks[0])[np.newaxis] if len(blocks) == 1 else
+                                   np.stack([_upload_form(b) for b in blocks]))  # one block: no copy
             values = self._steps(raw, blocks[0].dtype, steps).numpy()
             return Pending(values, compute_s=time.perf_counter() - start)
         return self._submit_cuda(blocks, steps)
