@@ -160,16 +160,16 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
             torch.cuda.reset_peak_memory_stats(predictor.device)
         try:
             for _ in range(1 if warmed else 3):  # warm-up: kernels chosen, memory grown
-                predictor.submit([raw] * batch, steps).result()
+                _finish(predictor.submit([raw] * batch, steps))
             warmed = True
             start = time.perf_counter()
             pending = None
             for _ in range(repeats):
                 nxt = predictor.submit([raw] * batch, steps)
                 if pending is not None:
-                    pending.result()
+                    _finish(pending)
                 pending = nxt
-            pending.result()
+            _finish(pending)
             seconds = (time.perf_counter() - start) / repeats
         except Exception as err:  # noqa: BLE001 - only out of memory is an outcome; the rest is a real error
             if not is_out_of_memory(err):
@@ -371,3 +371,9 @@ def _problem_json(problem: SizeProblem) -> dict:
 def _trial_json(trial: Trial) -> dict:
     return {"block": list(trial.block), "batch_size": trial.batch_size, "outcome": trial.outcome,
             "mvox_per_s": trial.mvox_per_s, "seconds_per_pass": trial.seconds_per_pass, "peak_bytes": trial.peak_bytes}
+
+
+def _finish(pending) -> None:
+    """Wait for a trial batch and give its host buffer back (as the pipeline's writers do)."""
+    pending.result()
+    pending.release()

@@ -64,8 +64,6 @@ class ZarrVolume(TensorstoreVolume):
         self.dtype = np.dtype(self._array.dtype)
         # The shard is the unit a writer rewrites whole; without sharding it is the chunk.
         self.chunk_shape = tuple(self._array.shards or self._array.chunks)
-        #: The shape of a chunk inside a shard (the chunk itself without sharding).
-        self.inner_chunk_shape = tuple(self._array.chunks)
         self.zarr_format: int = self._array.metadata.zarr_format
         self._store = _tensorstore(path, self._array, self.writable)
         self.async_writes = self._store is not None

@@ -256,11 +256,14 @@ class Predictor:
             result = torch.empty((y.shape[0], len(channels)) + tuple(y.shape[2:]), device=y.device,
                                  dtype=_TORCH_OUTPUT_DTYPES[np.dtype(steps.output_dtype)])
             for b, c, z in self._slabs(result.shape):
-                source = y[b, channels[c], z] if c is not None else (y if steps.channels is None else y[:, list(channels)])
-                target = result[b, c, z] if c is not None else result
+                if c is None:  # the whole batch at once
+                    source, target = (y if steps.channels is None else y[:, list(channels)]), result
+                else:
+                    source, target = y[b, channels[c], z], result[b, c, z]
                 if steps.output_dtype == np.uint8:
-                    # int32 on the way: torch's float -> uint8 cast is twice as slow on the CPU.
-                    source = torch.clamp(source.float(), 0.0, 1.0).mul_(255.0).round_().to(torch.int32)
+                    source = torch.clamp(source.float(), 0.0, 1.0).mul_(255.0).round_()
+                    if not self._cuda:
+                        source = source.to(torch.int32)  # torch's CPU cast float -> uint8 is 2x slower than via int32
                 target.copy_(source)
             return result
 
