@@ -3,7 +3,9 @@
 #   part 1: model-only cremi2018 at the seed's block, fp32/tf32/bf16/fp16, and the fast-path choices
 #           (channels_last, torch.compile) at bf16;
 #   part 2: end to end (`--pipeline`, GPU load sampled) at the seed's block and the auto-chosen one,
-#           and unet32 with auto sizing.
+#           and unet32 with auto sizing;
+#   part 3: the host-path ceiling on the machine's cores (issue 10's bench with the copy network on the GPU,
+#           beside tensorstore's raw read+write of the same data), at two block shapes.
 # Everything goes under $OUT (JSON, markdown tables, the log).  Not yet run: no GPU has been lent so far.
 #
 # From the repository root, through the device tool, with .whl in carry:
@@ -12,7 +14,7 @@
 #   run(command="bash bench/gpu_fast_path.sh 2", carry=[".whl"], timeout_s=600)
 # then copy the tables of $OUT/*.md into bench/RESULTS.md with the date and these commands.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_fast_path.sh 1|2}
+part=${1:?usage: bash bench/gpu_fast_path.sh 1|2|3}
 OUT=${OUT:-/tmp/blockpred-gpu}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -33,6 +35,13 @@ if [ "$part" = 1 ]; then
   bench cremi-seed 240 --model cremi2018 $SEED --precision fp32,tf32,bf16,fp16 --iterations 10
   bench cremi-channels-last 90 --model cremi2018 $SEED --precision bf16 --memory-format channels_last --iterations 10
   bench cremi-compile 200 --model cremi2018 $SEED --precision bf16 --compile default --warmup 3 --iterations 10
+elif [ "$part" = 3 ]; then
+  for block in 64,256,256 128,512,512; do
+    echo "== host-path-$block: bench/bench_host_path.py --device cuda" | tee -a "$OUT/log.txt"
+    timeout 240 python3 bench/bench_host_path.py --device cuda --shape 512,1024,1024 --block "$block" --rounds 3 \
+      --dir /tmp/blockpred-host --json "$OUT/host-path-$block.json" >> "$OUT/log.txt" 2>&1 \
+      || echo "   exit $?" | tee -a "$OUT/log.txt"
+  done
 else
   bench cremi-seed-pipeline 150 --model cremi2018 $SEED --precision bf16 --pipeline --volume-shape 110,2304,2304
   bench cremi-auto-pipeline 220 --model cremi2018 --block auto --batch-size auto --precision bf16 \
