@@ -158,10 +158,10 @@ def _normalise(name: str, value: Any) -> Any:
             raise InvalidOptionError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {value!r}")
         return str(value).lower()
     if name == "shards":
-        if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "none", "false")):
+        if value is False:
             return "off"  # YAML reads a bare `off` as False
-        if isinstance(value, str) and value.strip().lower() in SHARD_CHOICES:
-            return value.strip().lower()
+        if isinstance(value, str) and value.strip().lower() in (*SHARD_CHOICES, "none"):
+            return "off" if value.strip().lower() == "none" else value.strip().lower()
         shape = parse_shape(value, "shards")
         if any(v <= 0 for v in shape):
             raise InvalidOptionError(f"shards must be positive on every axis, or auto, block or off; got {tuple(shape)}")

@@ -129,12 +129,11 @@ class DoneMarkers:
         return self.path / name / "c" / str(rel[0]) / str(rel[1]) / str(rel[2])
 
     def _mark(self, name: str, block: Block) -> None:
+        rel = block.index - self.grid_begin
         array = _marker_array(str(self.path / name), tuple(self.grid_shape))
         if array is not None:
-            rel = block.index - self.grid_begin
             array[rel[0], rel[1], rel[2]] = 1
             return
-        rel = block.index - self.grid_begin
         directory = f"{self.path}/{name}/c/{rel[0]}/{rel[1]}"
         os.makedirs(directory, exist_ok=True)
         temporary = f"{directory}/.{rel[2]}.{os.getpid()}.{threading.get_ident()}"

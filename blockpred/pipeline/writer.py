@@ -64,12 +64,12 @@ class BlockWriter:
         future.add_done_callback(lambda done: self._finish(block, start, release, done.exception()))
 
     def _write_now(self, block: Block, data: np.ndarray, start: float, release) -> None:
+        error = None
         try:
             self._sink.write(block.write_box, data)
         except Exception as err:  # noqa: BLE001 - reported through on_failed
-            self._finish(block, start, release, err)
-        else:
-            self._finish(block, start, release, None)
+            error = err
+        self._finish(block, start, release, error)
 
     def _finish(self, block: Block, start: float, release, error: BaseException | None) -> None:
         try:
