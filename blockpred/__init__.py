@@ -6,13 +6,17 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["predict", "PredictionSummary", "__version__"]
+__all__ = ["predict", "plan", "PredictionSummary", "RunPlan", "__version__"]
 
 
 def __getattr__(name):
     # Imported on first use, so `blockpred --help` does not wait for torch.
-    if name in ("predict", "PredictionSummary"):
+    if name in ("predict", "plan", "PredictionSummary"):
         from . import runner
 
         return getattr(runner, name)
+    if name == "RunPlan":
+        from .plan import RunPlan
+
+        return RunPlan
     raise AttributeError(f"module 'blockpred' has no attribute {name!r}")

@@ -78,6 +78,14 @@ class BlockPlan:
     def num_output_voxels(self) -> int:
         return self.roi.size
 
+    def write_bounds(self, axis: int) -> tuple["np.ndarray", "np.ndarray"]:
+        """Begin and end of every block's write box along ``axis``, one per grid index (numpy, in bulk)."""
+        import numpy as np
+
+        step = self.block_shape[axis]
+        grid = np.arange(self.grid_begin[axis], self.grid_begin[axis] + self.grid_shape[axis], dtype=np.int64)
+        return np.maximum(grid * step, self.roi.begin[axis]), np.minimum((grid + 1) * step, self.roi.end[axis])
+
     def block(self, index: Coord) -> Block:
         index = Coord(index)
         core = Box.from_shape(self.block_shape, index * self.block_shape)

@@ -90,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="YAML file with any of the options below (flags override it)")
     _add_run_options(run)
 
+    plan = sub.add_parser("plan", help="what `run` would do and how long it would take; runs and writes nothing",
+                          description="Check and plan INPUT -> OUTPUT as `run` would, and print the plan: blocks, "
+                                      "halo overhead, output files and the expected runtime on 1..N GPUs.")
+    plan.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset or file.h5:/dataset")
+    plan.add_argument("output", nargs="?", help="where `run` would write [as for run]")
+    plan.add_argument("--config", help="YAML file with any of the run options (flags override it)")
+    plan.add_argument("--assume-mvox-per-s", type=float,
+                      help="throughput per GPU for the runtime [the last one measured for this network]")
+    plan.add_argument("--gpus", default="1,2,4,8", help="GPU counts for the runtime [1,2,4,8]")
+    _add_run_options(plan)
+
     bench = sub.add_parser("bench", help="model throughput, device load, and runtime extrapolation",
                            description="Time forward passes on device-resident data; extrapolate runtimes.")
     bench.add_argument("--model", default="tiny", help="preset, model file or package.module:factory [tiny]")
@@ -133,6 +144,36 @@ def _run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in _RUN_KEYS}
     summary = predict(args.input, args.output, config=args.config, **options)
     print(summary)
+    return 0
+
+
+def _record_bench(args: argparse.Namespace, best, pipeline) -> None:
+    """The measured throughput, for `blockpred plan`: end to end when --pipeline ran, else model only."""
+    from .autosize import model_key
+    from .models import load_model
+    from .plan import ThroughputLog
+
+    loaded = load_model(args.model, weights=args.weights)
+    key = model_key(loaded.name, loaded.weights_sha256, {})
+    if pipeline is not None:
+        ThroughputLog().put(key, best.precision, pipeline.mvox_per_s / max(1, pipeline.workers),
+                            "blockpred bench --pipeline, per worker", best.device)
+    else:
+        ThroughputLog().put(key, best.precision, best.output_mvox_per_s,
+                            f"blockpred bench, model only at block {'x'.join(map(str, best.block))}", best.device)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .errors import InvalidOptionError
+    from .runner import plan
+
+    try:
+        gpus = tuple(int(n) for n in args.gpus.split(",") if n.strip())
+    except ValueError:
+        raise InvalidOptionError(f"--gpus must be a comma-separated list of GPU counts, got {args.gpus!r}") from None
+    options = {key: getattr(args, key) for key in _RUN_KEYS}
+    print(plan(args.input, args.output, config=args.config, assume_mvox_per_s=args.assume_mvox_per_s, gpus=gpus,
+               **options))
     return 0
 
 
@@ -215,6 +256,7 @@ def _bench(args: argparse.Namespace) -> int:
                   f"compute {p.compute_s:.1f} s, write {p.write_s:.1f} s: limited by {p.limiting_stage}; "
                   f"{p.load.get('label', 'load not sampled')}")
             report["pipeline"] = p.as_dict()
+        _record_bench(args, best, pipeline)
         if args.train:
             from .models import load_model
             from .pipeline import resolve_device
@@ -252,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        commands = {"run": _run, "bench": _bench, "demo": _demo}
+        commands = {"run": _run, "plan": _plan, "bench": _bench, "demo": _demo}
         return commands[args.command](args)
     except BlockpredError as err:
         print(f"blockpred: error: {err}", file=sys.stderr)

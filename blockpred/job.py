@@ -4,14 +4,16 @@ A :class:`Job` is small and picklable (paths, the block plan, settings and how
 to load the model -- never arrays, never a loaded network), so the same job
 goes to the in-process runner and to every dask worker.  :func:`run_job` is the
 one way blocks are run: it skips blocks already marked finished, runs the
-pipeline of :mod:`blockpred.pipeline` over the rest, and marks each block done
-only after its data is written.
+pipeline of :mod:`blockpred.pipeline` over them, and marks each block done
+only after its data is written.  Which blocks are unfinished (not done, not
+masked out) is decided in bulk by the caller (:meth:`DoneMarkers.todo_ids`);
+a job never looks at blocks one by one to find out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -19,7 +21,6 @@ from .blocking import Block, BlockPlan
 from .io import open_volume
 from .io.base import VolumePath
 from .markers import DoneMarkers
-from .mask import Mask
 from .models import LoadedModel, load_model
 from .pipeline import Backoff, PipelineSettings, Predictor, RunStats, resolve_device, run_blocks
 
@@ -52,17 +53,15 @@ class Job:
     memory_format: str = "contiguous"
     #: Skip blocks whose input is all one value.
     skip_empty: bool = False
-    #: Predict only blocks the mask marks (see :mod:`blockpred.mask`).
-    mask: Mask | None = None
 
     def make_predictor(self, device: str | None = None) -> Predictor:
         """Load the model and put it on ``device`` (default: the job's)."""
         return Predictor(self.model.load().module, resolve_device(device or self.device), self.precision,
                          compile=self.compile, memory_format=self.memory_format)
 
-    def blocks(self, block_ids: Iterable[int] | None = None) -> list[Block]:
-        ids = range(self.plan.num_blocks) if block_ids is None else block_ids
-        return [self.plan.block_from_id(i) for i in ids]
+    def blocks(self, block_ids: Iterable[int]) -> Iterator[Block]:
+        """The blocks of ``block_ids``, made one at a time as the pipeline reads them (never a list of millions)."""
+        return (self.plan.block_from_id(int(i)) for i in block_ids)
 
 
 def is_empty(block: Block, data: np.ndarray) -> bool:
@@ -73,24 +72,15 @@ def is_empty(block: Block, data: np.ndarray) -> bool:
 
 def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
             on_block_done: Callable[[Block], None] | None = None, backoff: Backoff | None = None) -> RunStats:
-    """Run the unfinished ones of ``blocks``, marking each done after its write.
+    """Run ``blocks`` (the caller's unfinished ones), marking each done after its write.
 
-    ``backoff`` keeps the batch and block parts that fit the device from one
-    call to the next (see :mod:`blockpred.pipeline.backoff`).
+    Blocks this process already marked are left out, so a retried task redoes
+    only what it did not finish.  ``backoff`` keeps the batch and block parts
+    that fit the device from one call to the next (see
+    :mod:`blockpred.pipeline.backoff`).
     """
     markers = job.markers
-    todo = [b for b in blocks if not markers.is_finished(b)]
-    masked_out = 0
-    if job.mask is not None:
-        covered = []
-        with open_volume(job.mask.path) as mask:
-            for block in todo:
-                if job.mask.covers(mask, block):
-                    covered.append(block)
-                else:
-                    markers.mark_skipped(block)
-        masked_out = len(todo) - len(covered)
-        todo = covered
+    todo = (b for b in blocks if not markers.marked_here(b))
 
     def done(block: Block) -> None:
         markers.mark_done(block)
@@ -100,11 +90,9 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     source = open_volume(job.source)
     sink = open_volume(job.target, mode="r+")
     try:
-        stats = run_blocks(todo, source=source, sink=sink, predictor=predictor, settings=job.settings,
-                           on_block_done=done, skip=is_empty if job.skip_empty else None,
-                           on_block_skipped=markers.mark_skipped, backoff=backoff)
-        stats.num_skipped += masked_out
-        return stats
+        return run_blocks(todo, source=source, sink=sink, predictor=predictor, settings=job.settings,
+                          on_block_done=done, skip=is_empty if job.skip_empty else None,
+                          on_block_skipped=markers.mark_skipped, backoff=backoff)
     finally:
         source.close()
         sink.close()

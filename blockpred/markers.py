@@ -7,28 +7,37 @@ container (``vol.zarr/prediction`` -> ``vol.zarr.blockpred/prediction``,
 * the run's *fingerprint* (attributes): everything that decides the output's
   values and layout -- input, model weights, block grid, halo, normalisation,
   output dtype ...;
-* two arrays over the block grid, ``done`` and ``skipped``, one chunk per block,
-  so workers in different processes mark blocks without ever touching the same
-  file.  A block is marked only after its data is written.  The arrays are
-  uncompressed, so a mark is its chunk file holding the byte 1, written
-  directly (a temporary file renamed into place: tens of microseconds, where
-  a zarr-python write costs a millisecond of CPU).
+* ``masked``, when the run has a mask: one byte per block of the grid, 1 for the
+  blocks the mask leaves out, written once, in bulk, when the run is created
+  (a teravoxel volume with a small mask skips millions of blocks without a
+  write each);
+* ``done/`` and ``skipped/``: append-only logs of block ids (little-endian
+  int64, the block's C-order position in the grid, see
+  :meth:`blockpred.blocking.BlockPlan.block_id`), one file per process, so
+  workers never share a file.  A mark is one ``write`` of 8 bytes to a file
+  opened with ``O_APPEND`` (microseconds, and no file per block: 30 million
+  blocks make a few files, not 30 million).  A block is marked only after its
+  data is written; a record cut short by a crash is ignored.
 
-Re-running the same command reads the markers and skips finished blocks; a run
-whose fingerprint differs is refused with the list of what changed.
+Reading the finished set is a bulk read of those few files into a boolean
+grid; re-running the same command skips finished blocks, and a run whose
+fingerprint differs is refused with the list of what changed.  Markers of an
+older blockpred (one chunk file per block under ``done/c/``) are still read.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
+import socket
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import zarr
 
 from .blocking import Block, BlockPlan
@@ -36,8 +45,11 @@ from .geometry import Coord
 from .io.base import VolumePath
 
 _ROOT_NAME = "_root"
-#: A marker chunk as stored: one uint8 of value 1, no compression.
-_MARK = b"\x01"
+#: One log record: a block id.
+_RECORD = np.dtype("<i8")
+_LOG_SUFFIX = ".ids"
+#: Chunks of the ``masked`` array, in blocks (a few chunks even for millions of blocks).
+_MASKED_CHUNKS = (64, 128, 128)
 
 
 def markers_path(target: VolumePath) -> Path:
@@ -68,15 +80,10 @@ def as_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, (tuple, Coord)) else str(v)))
 
 
-@functools.lru_cache(maxsize=64)
-def _marker_array(path: str, grid_shape: tuple[int, ...]) -> zarr.Array | None:
-    """The open marker array when its chunks are compressed (markers of an older blockpred), else None.
-
-    Opened once per process, not once per block; keyed by the grid shape too,
-    so markers re-created for another plan are looked at anew.
-    """
-    array = zarr.open_array(path, mode="r+")
-    return array if array.compressors else None
+# Per process: the open log of each marker set and kind, and the block ids this process marked.
+_LOGS: dict[tuple[str, str, int], int] = {}
+_MARKED: dict[tuple[str, str], set[int]] = {}
+_LOGS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -86,19 +93,29 @@ class DoneMarkers:
     path: Path
     grid_begin: Coord
     grid_shape: Coord
+    #: Tells one creation of the markers from another at the same path (a log is never reused).
+    token: str = ""
 
     # ----------------------------------------------------------------- life cycle
     @classmethod
-    def create(cls, path: Path, plan: BlockPlan, fingerprint: Mapping[str, Any]) -> "DoneMarkers":
+    def create(cls, path: Path, plan: BlockPlan, fingerprint: Mapping[str, Any],
+               masked: np.ndarray | None = None) -> "DoneMarkers":
+        """New markers for ``plan``; ``masked`` (a boolean grid) marks the blocks a mask leaves out."""
         if path.exists():
             shutil.rmtree(path)
+        token = uuid.uuid4().hex
         group = zarr.open_group(str(path), mode="w", zarr_format=3)
-        group.attrs["blockpred"] = {"fingerprint": as_json(fingerprint),
-                                    "grid_begin": list(plan.grid_begin), "grid_shape": list(plan.grid_shape)}
+        group.attrs["blockpred"] = {"fingerprint": as_json(fingerprint), "grid_begin": list(plan.grid_begin),
+                                    "grid_shape": list(plan.grid_shape), "token": token}
+        if masked is not None and masked.any():
+            if masked.shape != tuple(plan.grid_shape):
+                raise ValueError(f"masked grid {masked.shape} is not the block grid {tuple(plan.grid_shape)}")
+            chunks = tuple(min(c, n) for c, n in zip(_MASKED_CHUNKS, masked.shape))
+            array = group.create_array("masked", shape=masked.shape, chunks=chunks, dtype="uint8", fill_value=0)
+            array[...] = masked.astype(np.uint8)
         for name in ("done", "skipped"):
-            group.create_array(name, shape=tuple(plan.grid_shape), chunks=(1, 1, 1), dtype="uint8", fill_value=0,
-                               compressors=None)
-        return cls(path, plan.grid_begin, plan.grid_shape)
+            (path / name).mkdir()
+        return cls(path, plan.grid_begin, plan.grid_shape, token)
 
     @classmethod
     def open(cls, path: Path) -> "DoneMarkers | None":
@@ -107,7 +124,7 @@ class DoneMarkers:
             return None
         try:
             meta = zarr.open_group(str(path), mode="r").attrs["blockpred"]
-            return cls(path, Coord(meta["grid_begin"]), Coord(meta["grid_shape"]))
+            return cls(path, Coord(meta["grid_begin"]), Coord(meta["grid_shape"]), meta.get("token", ""))
         except (KeyError, ValueError, TypeError, FileNotFoundError):
             return None
 
@@ -124,57 +141,99 @@ class DoneMarkers:
             parent.rmdir()
 
     # ----------------------------------------------------------------- marking
-    def _key(self, name: str, block: Block) -> Path:
-        rel = block.index - self.grid_begin
-        return self.path / name / "c" / str(rel[0]) / str(rel[1]) / str(rel[2])
+    def block_id(self, index: Coord) -> int:
+        rel = index - self.grid_begin
+        return (rel[0] * self.grid_shape[1] + rel[1]) * self.grid_shape[2] + rel[2]
+
+    def _log(self, name: str) -> int:
+        """This process's log of ``name`` marks, opened (created) on first use."""
+        key = (str(self.path), self.token + name, os.getpid())
+        fd = _LOGS.get(key)
+        if fd is None:
+            with _LOGS_LOCK:
+                fd = _LOGS.get(key)
+                if fd is None:
+                    log = self.path / name / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}{_LOG_SUFFIX}"
+                    fd = _LOGS[key] = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return fd
 
     def _mark(self, name: str, block: Block) -> None:
-        rel = block.index - self.grid_begin
-        array = _marker_array(str(self.path / name), tuple(self.grid_shape))
-        if array is not None:
-            array[rel[0], rel[1], rel[2]] = 1
-            return
-        directory = f"{self.path}/{name}/c/{rel[0]}/{rel[1]}"
-        os.makedirs(directory, exist_ok=True)
-        temporary = f"{directory}/.{rel[2]}.{os.getpid()}.{threading.get_ident()}"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, _MARK)
-        finally:
-            os.close(fd)
-        os.replace(temporary, f"{directory}/{rel[2]}")  # a reader sees no marker or a whole one
+        block_id = self.block_id(block.index)
+        os.write(self._log(name), _RECORD.type(block_id).tobytes())  # one append: a whole record or none
+        with _LOGS_LOCK:
+            _MARKED.setdefault((str(self.path), self.token), set()).add(block_id)
 
     def mark_done(self, block: Block) -> None:
         """Record that ``block``'s data is written (call only after the write)."""
         self._mark("done", block)
 
     def mark_skipped(self, block: Block) -> None:
-        """Record that ``block`` needs no network (masked out or empty)."""
+        """Record that ``block`` needs no network (its input is empty)."""
         self._mark("skipped", block)
 
-    def is_finished(self, block: Block) -> bool:
-        return self._key("done", block).exists() or self._key("skipped", block).exists()
+    def marked_here(self, block: Block) -> bool:
+        """True when this process marked ``block`` (a retried task skips what it finished)."""
+        marked = _MARKED.get((str(self.path), self.token))
+        return marked is not None and self.block_id(block.index) in marked
 
-    # ----------------------------------------------------------------- counting
-    def _listed(self, name: str) -> set[Coord]:
-        root = self.path / name / "c"
-        found = set()
+    # ----------------------------------------------------------------- reading, in bulk
+    def _ids(self, name: str) -> np.ndarray:
+        """Every block id in the ``name`` logs (and an older blockpred's chunk files), unsorted."""
+        parts = []
+        directory = self.path / name
+        for entry in os.scandir(directory) if directory.is_dir() else ():
+            if entry.name.endswith(_LOG_SUFFIX):
+                raw = Path(entry.path).read_bytes()
+                parts.append(np.frombuffer(raw[: len(raw) - len(raw) % _RECORD.itemsize], dtype=_RECORD))
+        legacy = directory / "c"
+        if legacy.is_dir():
+            indices = [index - self.grid_begin for index in self._listed(legacy)]
+            parts.append(np.ravel_multi_index(tuple(np.array(indices, dtype=np.int64).reshape(-1, 3).T),
+                                              tuple(self.grid_shape)).astype(np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _listed(self, root: Path) -> list[Coord]:
+        found = []
         for dirpath, _, files in os.walk(root):
             rel = Path(dirpath).relative_to(root).parts
             if len(rel) == 2:
-                # zarr writes a chunk to a temporary name and renames it: count finished files only.
-                found.update(self.grid_begin + Coord((int(rel[0]), int(rel[1]), int(f))) for f in files if f.isdigit())
+                # zarr wrote a chunk to a temporary name and renamed it: count finished files only.
+                found.extend(self.grid_begin + Coord((int(rel[0]), int(rel[1]), int(f))) for f in files if f.isdigit())
         return found
 
+    def masked(self) -> np.ndarray:
+        """The boolean grid of blocks the run's mask leaves out (all False without a mask)."""
+        if not (self.path / "masked" / "zarr.json").is_file():
+            return np.zeros(tuple(self.grid_shape), dtype=bool)
+        return zarr.open_array(str(self.path / "masked"), mode="r")[...].astype(bool)
+
+    def _grid(self, *names: str) -> np.ndarray:
+        grid = np.zeros(self.grid_shape.prod(), dtype=bool)
+        for name in names:
+            grid[self._ids(name)] = True
+        return grid.reshape(tuple(self.grid_shape))
+
+    def finished(self) -> np.ndarray:
+        """The boolean grid of finished blocks: done, skipped or masked."""
+        return self._grid("done", "skipped") | self.masked()
+
+    def todo_ids(self) -> np.ndarray:
+        """The ids of the blocks not finished, in C order over the grid."""
+        return np.flatnonzero(~self.finished().reshape(-1))
+
+    def _indices(self, grid: np.ndarray) -> set[Coord]:
+        return {self.grid_begin + Coord(index) for index in np.argwhere(grid)}
+
     def done_indices(self) -> set[Coord]:
-        """Grid indices of the blocks marked done (by listing, without reading every chunk)."""
-        return self._listed("done")
+        """Grid indices of the blocks marked done."""
+        return self._indices(self._grid("done"))
 
     def skipped_indices(self) -> set[Coord]:
-        return self._listed("skipped")
+        """Grid indices of the blocks skipped: masked out, or found empty."""
+        return self._indices(self._grid("skipped") | self.masked())
 
     def finished_indices(self) -> set[Coord]:
-        return self.done_indices() | self.skipped_indices()
+        return self._indices(self.finished())
 
 
 __all__ = ["DoneMarkers", "markers_path", "describe_changes", "as_json"]

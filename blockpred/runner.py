@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .blocking import Block, BlockPlan, plan_blocks
 from .config import RunConfig, make_config
 from .errors import BlockFailedError, InvalidOptionError, ModelLoadError, OutputExistsError
@@ -37,6 +39,7 @@ from .job import Job, ModelSpec, run_job
 from .mask import Mask
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .network import NetworkGeometry, probe_network
+from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .autosize import SizeChoice, SizeProblem, choose_sizes, model_key, probe_block
 from .pipeline import Backoff, DeviceSteps, PipelineSettings, Predictor, RunStats, resolve_device
 
@@ -158,27 +161,114 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     ``config``.  Without ``output`` the prediction goes next to the input (see
     :func:`default_output_path`).  Returns a :class:`PredictionSummary`.
     """
+    cfg, source_path, target_path = _paths(input, output, config, options)
+    with open_volume(source_path) as source:
+        prepared = _prepare(cfg, source, source_path, target_path)
+        markers = prepared.previous if prepared.resumed else _create(prepared, source)
+    p = prepared
+    job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
+              device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
+              skip_empty=cfg.skip_empty)
+    # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
+    summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed)
+    _record_throughput(p, summary)
+    sizing = p.layout.sizing
+    return dataclasses.replace(summary, sizing=sizing) if sizing is not None else summary
+
+
+def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
+         config: str | os.PathLike | None = None, assume_mvox_per_s: float | None = None,
+         gpus: tuple[int, ...] = (1, 2, 4, 8), **options: Any) -> RunPlan:
+    """What :func:`predict` with the same arguments would do, with nothing run or written.
+
+    Runs every check and the dry run of the network (``block="auto"`` runs its
+    trials), then counts blocks, masked and finished ones, voxels and output
+    files in bulk.  The runtime for each count in ``gpus`` uses
+    ``assume_mvox_per_s``, else the last throughput measured for this network
+    and precision (see :class:`blockpred.plan.ThroughputLog`), else is unknown.
+    """
+    if assume_mvox_per_s is not None and not assume_mvox_per_s > 0:
+        raise InvalidOptionError(f"--assume-mvox-per-s must be a positive number, got {assume_mvox_per_s}")
+    if not gpus or any(int(n) <= 0 for n in gpus):
+        raise InvalidOptionError(f"GPU counts must be positive, got {list(gpus)}")
+    cfg, source_path, target_path = _paths(input, output, config, options)
+    with open_volume(source_path) as source:
+        p = _prepare(cfg, source, source_path, target_path)
+        volume_shape, dtype = source.spatial_shape, str(source.dtype)
+    block_plan = p.layout.plan
+    if p.resumed:
+        masked, finished = p.previous.masked(), p.previous.finished()
+    else:
+        masked = p.masked if p.masked is not None else np.zeros(tuple(block_plan.grid_shape), dtype=bool)
+        finished = masked
+    voxels, files = count_work(block_plan, ~finished, p.layout.output.write_unit)
+    if assume_mvox_per_s is not None:
+        throughput = Throughput(float(assume_mvox_per_s), "assumed")
+    else:
+        throughput = ThroughputLog().get(_model_key(cfg, p.model), cfg.precision)
+    num_masked = int(masked.sum())
+    return RunPlan(str(source_path), str(target_path), p.model.name, str(p.predictor.device), cfg.precision,
+                   volume_shape, dtype, block_plan, p.settings.batch_size, p.out_channels, cfg.output_dtype.name,
+                   p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
+                   voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus))
+
+
+def _paths(input, output, config, options: dict) -> tuple[RunConfig, VolumePath, VolumePath]:
+    """The options as a config, and the input and output paths, checked against each other."""
     cfg = make_config(config, **options)
     source_path = parse_volume_path(input)
     target_path = parse_volume_path(output) if output is not None else default_output_path(source_path)
     check_output_path(source_path, target_path)
     if target_path.format == "n5" and cfg.output_dtype.name == "float16":
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
-
-    with open_volume(source_path) as source:
-        job, predictor, model_name, sizing = _prepare(cfg, source, source_path, target_path)
-    # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
-    summary = _execute(cfg, job, predictor, model_name, str(source_path), str(target_path))
-    return dataclasses.replace(summary, sizing=sizing) if sizing is not None else summary
+    return cfg, source_path, target_path
 
 
-def _prepare(cfg: RunConfig, source, source_path: VolumePath,
-             target_path: VolumePath) -> tuple[Job, Predictor, str, SizeChoice | None]:
-    """Every check, the plan, and (only when all passed) the output and its markers."""
+def _model_key(cfg: RunConfig, model) -> dict:
+    return model_key(model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind, model.weights_sha256,
+                     dict(cfg.model_kwargs))
+
+
+def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
+    """A run long enough to measure leaves its end-to-end Mvox/s per worker for ``blockpred plan``."""
+    stats = summary.stats
+    if stats.seconds < MIN_RECORDED_S or stats.num_blocks == 0:
+        return
+    workers = max(1, len(summary.workers))
+    ThroughputLog().put(_model_key(p.cfg, p.model), p.cfg.precision, stats.mvox_per_s / workers,
+                        f"blockpred run of {stats.num_blocks} blocks, per worker", summary.device)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run checked and planned, with nothing written yet (what ``blockpred plan`` reports)."""
+
+    cfg: RunConfig
+    source_path: VolumePath
+    target_path: VolumePath
+    model: Any  # LoadedModel
+    spec: ModelSpec
+    predictor: Predictor
+    layout: "_Layout"
+    channels: tuple[int, ...] | None
+    settings: PipelineSettings
+    fingerprint: dict
+    #: True when the output holds markers of the same settings: its finished blocks are kept.
+    resumed: bool
+    previous: DoneMarkers | None
+    #: For a new run with a mask: the boolean grid of the blocks it leaves out.
+    masked: Any = None
+
+    @property
+    def out_channels(self) -> int:
+        return len(self.channels) if self.channels is not None else self.layout.geometry.out_channels
+
+
+def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath) -> Prepared:
+    """Every check and the plan; writes nothing (see :func:`_create`)."""
     check_input_volume(source)
     exists = volume_exists(target_path)
-    markers_at = markers_path(target_path)
-    previous = DoneMarkers.open(markers_at) if exists else None
+    previous = DoneMarkers.open(markers_path(target_path)) if exists else None
     if exists and not cfg.overwrite and previous is None:
         raise OutputExistsError(f"output {str(target_path)!r} exists; pass --overwrite to replace it, or choose another path")
     roi = cfg.roi if cfg.roi is not None else source.box
@@ -215,54 +305,62 @@ def _prepare(cfg: RunConfig, source, source_path: VolumePath,
         downsampling=_downsampling(cfg, model),
     )
     fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
-    if previous is not None and not cfg.overwrite:
+    resumed = previous is not None and not cfg.overwrite
+    if resumed:
         changes = describe_changes(previous.fingerprint, fingerprint)
         if changes:
             raise OutputExistsError(
                 f"output {str(target_path)!r} was made with other settings ({'; '.join(changes)}); "
                 f"pass --overwrite to start again, or choose another output"
             )
-        markers = previous  # resume: finished blocks are skipped
-    else:
-        # Every check has passed: only now is anything written.  Markers first, so an
-        # output without markers is never one of ours half-made.
-        if exists:
-            remove_volume(target_path)
-        markers = DoneMarkers.create(markers_at, plan, fingerprint)
-        sink = create_volume(
-            target_path,
-            spatial_shape=source.spatial_shape,
-            num_channels=len(channels) if channels is not None else geometry.out_channels,
-            dtype=cfg.output_dtype,
-            chunk_shape=output.chunks,
-            shard_shape=output.shards,
-            compression=cfg.compression,
-            voxel_size=source.voxel_size,
-        )
-        sink.close()
-        # Blocks are whole chunks (shards, for a sharded array): no two tasks ever write one chunk.
-        if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
-            raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {target_path}")
-    job = Job(_absolute(source_path), _absolute(target_path), markers, plan, settings, spec, device=cfg.device,
-              precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
-              skip_empty=cfg.skip_empty, mask=mask)
-    return job, predictor, model.name, layout.sizing
+    masked = ~mask.coverage(plan) if mask is not None and not resumed else None
+    return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
+                    resumed, previous, masked)
 
 
-def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str,
-             target: str) -> PredictionSummary:
+def _create(p: Prepared, source) -> DoneMarkers:
+    """Every check has passed: only now is anything written.  Markers first, so an
+    output without markers is never one of ours half-made."""
+    cfg, plan, output = p.cfg, p.layout.plan, p.layout.output
+    if volume_exists(p.target_path):
+        remove_volume(p.target_path)
+    markers = DoneMarkers.create(markers_path(p.target_path), plan, p.fingerprint, p.masked)
+    sink = create_volume(
+        p.target_path,
+        spatial_shape=source.spatial_shape,
+        num_channels=p.out_channels,
+        dtype=cfg.output_dtype,
+        chunk_shape=output.chunks,
+        shard_shape=output.shards,
+        compression=cfg.compression,
+        voxel_size=source.voxel_size,
+    )
+    sink.close()
+    # Blocks are whole chunks (shards, for a sharded array): no two tasks ever write one chunk.
+    if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
+        raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {p.target_path}")
+    return markers
+
+
+def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str, target: str,
+             resumed: bool) -> PredictionSummary:
     plan, markers = job.plan, job.markers
-    num_resumed = len(markers.finished_indices())
-    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s), %d already done", source, target,
-                plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo), num_resumed)
+    todo = markers.todo_ids()  # in bulk: one boolean per block, never a Python object per block
+    # A fresh run's masked-out blocks are this run's skips; a resumed run finds them finished.
+    masked = 0 if resumed else int(plan.num_blocks - len(todo))
+    num_resumed = int(plan.num_blocks - len(todo)) - masked
+    logger.info("predicting %s -> %s: %d blocks of %s (input %s, halo %s), %d already done, %d masked out", source,
+                target, plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo),
+                num_resumed, masked)
     workers: dict = {}
-    with _progress(plan.num_blocks - num_resumed, enabled=cfg.progress) as on_voxels:
-        if cfg.local or num_resumed == plan.num_blocks:
-            stats = _run_local(job, predictor, cfg.retries, on_voxels)
+    with _progress(len(todo), enabled=cfg.progress) as on_progress:
+        if cfg.local or len(todo) == 0:
+            stats = _run_local(job, todo, predictor, cfg.retries, on_progress)
             where = str(predictor.device)
         else:
-            stats, workers = _run_on_dask(job, cfg, on_voxels)
+            stats, workers = _run_on_dask(job, todo, cfg, on_progress)
             where = ", ".join(sorted({w.device for w in workers.values()})) or str(predictor.device)
+    stats.num_skipped += masked
     return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers,
                              batch_size=job.settings.batch_size)
 
@@ -302,16 +400,16 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
     }
 
 
-def _run_local(job: Job, predictor: Predictor, retries: int, on_voxels) -> RunStats:
-    """The job in this process; failed blocks are retried ``retries`` times."""
+def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) -> RunStats:
+    """The blocks ``todo`` (ids) in this process; failed blocks are retried ``retries`` times."""
     def done(block: Block) -> None:
-        if on_voxels is not None:
-            on_voxels(block.write_box.size)
+        if on_progress is not None:
+            on_progress(1, block.write_box.size)
 
     backoff = Backoff(job.settings.batch_size)  # what fits the device holds for the retries too
     for attempt in range(retries + 1):
         try:
-            stats = run_job(job, job.blocks(), predictor, on_block_done=done, backoff=backoff)
+            stats = run_job(job, job.blocks(todo), predictor, on_block_done=done, backoff=backoff)
             stats.out_of_memory = backoff.events
             return stats
         except BlockFailedError as err:
@@ -321,14 +419,14 @@ def _run_local(job: Job, predictor: Predictor, retries: int, on_voxels) -> RunSt
     raise AssertionError("unreachable")
 
 
-def _run_on_dask(job: Job, cfg: RunConfig, on_voxels) -> tuple[RunStats, dict]:
+def _run_on_dask(job: Job, todo, cfg: RunConfig, on_progress) -> tuple[RunStats, dict]:
     from .scheduler import run_distributed
 
     def dashboard(link: str) -> None:
         print(f"blockpred: dask dashboard at {link}", file=sys.stderr)
 
-    result = run_distributed(job, num_workers=cfg.workers, scheduler_address=cfg.scheduler, retries=cfg.retries,
-                             on_voxels=on_voxels, on_dashboard=dashboard)
+    result = run_distributed(job, todo, num_workers=cfg.workers, scheduler_address=cfg.scheduler,
+                             retries=cfg.retries, on_progress=on_progress, on_dashboard=dashboard)
     return result.stats, result.workers
 
 
@@ -412,8 +510,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
         fixed_block=fixed_block, fixed_batch=None if cfg.batch_size == "auto" else cfg.batch_size,
     )
-    key = model_key(model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind, model.weights_sha256,
-                    dict(cfg.model_kwargs))
+    key = _model_key(cfg, model)
     if cfg.scheduler is None:
         choice = choose_sizes(predictor, problem, model_key=key)
     else:  # the trials belong on the workers' devices, which this machine may not have
@@ -456,7 +553,7 @@ def _check_channels(channels: tuple[int, ...] | None, geometry: NetworkGeometry)
 
 
 class _progress:
-    """A tqdm bar over blocks with Mvox/s; a no-op when disabled.  Called with each block's voxels."""
+    """A tqdm bar over blocks with Mvox/s; a no-op when disabled.  Called with (blocks, voxels) as they finish."""
 
     def __init__(self, num_blocks: int, enabled: bool):
         self._num_blocks = num_blocks
@@ -474,7 +571,7 @@ class _progress:
         self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
         return self._update
 
-    def _update(self, voxels: int) -> None:
+    def _update(self, blocks: int, voxels: int) -> None:
         with self._lock:
             now = time.perf_counter()
             if self._first is None:  # rate from the first finished block: start-up is not throughput
@@ -484,7 +581,7 @@ class _progress:
             if now > since:
                 rate = (self._voxels - counted) / (now - since) / 1e6
                 self._bar.set_postfix_str(f"{rate:.2f} Mvox/s", refresh=False)
-            self._bar.update(1)
+            self._bar.update(blocks)
 
     def __exit__(self, *exc):
         if self._bar is not None:

@@ -102,3 +102,56 @@ def _valid_unet():
 def memory_limited(budget_voxels: int, spare_zeros: bool = False, transient: int | None = None,
                    valid: bool = False) -> MemoryLimited:
     return MemoryLimited(int(budget_voxels), bool(spare_zeros), transient, bool(valid))
+
+
+class Uneven(torch.nn.Module):
+    """The tiny preset, slow on one worker: the first process to predict a block sleeps ``delay_s`` per pass.
+
+    Which process is slow is claimed with ``claim_file`` (created exclusively);
+    the client's dry runs (all-zero inputs) claim nothing.
+    """
+
+    def __init__(self, claim_file: str, delay_s: float):
+        super().__init__()
+        self.net = build_preset("tiny")
+        self.claim_file, self.delay_s = claim_file, delay_s
+        self.in_channels, self.out_channels = 1, 2
+        self.downsampling = self.net.downsampling
+        self.slow = None
+
+    def forward(self, x):
+        if self.slow is None and x.any():
+            try:
+                os.close(os.open(self.claim_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                self.slow = True
+            except FileExistsError:
+                self.slow = False
+        if self.slow:
+            time.sleep(self.delay_s)
+        return self.net(x)
+
+
+class Gated(torch.nn.Module):
+    """The tiny preset that holds every real block while ``gate_file`` exists (a test opens the gate)."""
+
+    def __init__(self, gate_file: str, delay_s: float = 0.0):
+        super().__init__()
+        self.net = build_preset("tiny")
+        self.gate_file, self.delay_s = gate_file, delay_s
+        self.in_channels, self.out_channels = 1, 2
+        self.downsampling = self.net.downsampling
+
+    def forward(self, x):
+        if x.any():
+            while os.path.exists(self.gate_file):
+                time.sleep(0.02)
+            time.sleep(self.delay_s)
+        return self.net(x)
+
+
+def uneven(claim_file: str, delay_s: float) -> Uneven:
+    return Uneven(claim_file, delay_s)
+
+
+def gated(gate_file: str, delay_s: float = 0.0) -> Gated:
+    return Gated(gate_file, delay_s)

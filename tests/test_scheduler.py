@@ -231,3 +231,68 @@ def test_an_hdf5_output_in_the_input_file_is_written_by_one_dask_worker(tmp_path
     local = blockpred.predict(source, str(tmp_path / "f.h5:/local"), block=8, halo=4, local=True, progress=False)
     np.testing.assert_array_equal(read_all(summary.output), read_all(local.output))
 
+
+
+def test_a_slow_worker_keeps_few_blocks_and_the_fast_one_takes_over_the_rest(tmp_path):
+    source = random_volume(tmp_path, (32, 64, 64))  # 32 blocks of 16^3
+    clean = str(tmp_path / "clean.zarr")
+    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False)
+    out = str(tmp_path / "out.zarr")
+    summary = blockpred.predict(source, out, block=16, halo=10, workers=2, progress=False,
+                                model="tests.networks:uneven",
+                                model_kwargs={"claim_file": str(tmp_path / "slow"), "delay_s": 1.0})
+    counts = sorted(w.num_blocks for w in summary.workers.values())
+    assert len(counts) == 2 and sum(counts) == 32
+    slow, fast = counts
+    # The slow worker takes a second per block; handed out blocks a task at a time, it keeps
+    # the few it started with while the fast one runs everything else.
+    assert slow <= 8 and fast >= 24, counts
+    np.testing.assert_array_equal(read_all(out), read_all(clean))
+
+
+def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    source = random_volume(tmp_path, (32, 64, 64))
+    clean = str(tmp_path / "clean.zarr")
+    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False)
+    gate = tmp_path / "gate"
+    gate.touch()  # every block waits until the late worker is in
+    out = str(tmp_path / "out.zarr")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        result: dict = {}
+
+        def run() -> None:
+            try:
+                result["summary"] = blockpred.predict(
+                    source, out, block=16, halo=10, device="cpu", scheduler=cluster.scheduler_address,
+                    progress=False, model="tests.networks:gated",
+                    model_kwargs={"gate_file": str(gate), "delay_s": 0.05})
+            except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+                result["error"] = err
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        deadline = time.monotonic() + 120
+        while not client.processing() or not any(client.processing().values()):  # the run has started
+            assert time.monotonic() < deadline and runner.is_alive(), result
+            time.sleep(0.05)
+        late = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+                                 "--nthreads", "1", "--name", "late", "--no-dashboard"],
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            client.wait_for_workers(2, timeout=120)
+            gate.unlink()
+            runner.join(timeout=300)
+        finally:
+            late.terminate()
+            late.wait(timeout=60)
+    assert "error" not in result, result
+    summary = result["summary"]
+    assert summary.workers["late"].num_blocks >= 1, summary.workers
+    assert sum(w.num_blocks for w in summary.workers.values()) == 32
+    np.testing.assert_array_equal(read_all(out), read_all(clean))
