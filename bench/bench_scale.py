@@ -12,8 +12,12 @@ one block, so exactly one block of ``--block`` (default 64,256,256) runs:
 Each run is the whole ``blockpred run`` command in its own process (the
 dask path unless ``--local``), timed from start to exit, with that process's
 peak resident set (the client's; dask workers are other processes) and the
-time of ``blockpred plan`` on the same volume.  The claim under test: the
-client's work grows with the blocks that run, not with the volume.
+time of ``blockpred plan`` on the same volume; then the same command again
+(a resume that finds everything finished), and the time to read the finished
+set once every block's id is in the done log (a resume's bulk read of
+millions of marks).  The
+claim under test: the client's work grows with the blocks that run, not with
+the volume.
 
     python bench/bench_scale.py [--block 64,256,256] [--model tiny] [--local] [--dir /tmp/blockpred-scale]
 """
@@ -33,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import zarr
+
+from blockpred.markers import DoneMarkers
 
 SIZES = {"8.6G": (2048, 2048, 2048), "8T": (11000, 27000, 27000)}
 MASK_SCALE = (16, 64, 64)
@@ -92,9 +98,18 @@ def main() -> None:
         run = ["run", source, target, *options, "--no-progress"] + (["--local"] if args.local else [])
         run_s, run_rss, summary = timed(run)
         blocks = int(np.prod([-(-s // b) for s, b in zip(shape, block)]))
+        resume_s, _, _ = timed(run)  # the same command again: everything is finished
+        # Every block marked done (as a finished unmasked run leaves it): the bulk read of a resume.
+        markers_dir = Path(target + ".blockpred") / "_root"
+        np.arange(blocks, dtype="<i8").tofile(markers_dir / "done" / "simulated.ids")
+        start = time.perf_counter()
+        left = DoneMarkers.open(markers_dir).todo_ids()
+        read_all_done_s = time.perf_counter() - start
+        assert len(left) == 0, len(left)
         rows.append({"volume": name, "shape": shape, "tvox": round(float(np.prod(shape, dtype=float)) / 1e12, 4),
                      "blocks": blocks, "run_s": round(run_s, 2), "client_peak_rss_gib": round(run_rss / 2**20, 3),
                      "plan_s": round(plan_s, 2), "plan_peak_rss_gib": round(plan_rss / 2**20, 3),
+                     "resume_s": round(resume_s, 2), "read_all_done_s": round(read_all_done_s, 3),
                      "summary": summary.splitlines()[-1] if summary else ""})
         print(json.dumps(rows[-1]), flush=True)
         shutil.rmtree(target, ignore_errors=True)

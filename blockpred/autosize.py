@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .cache import JsonFile, default_cache_dir
 from .errors import InvalidOptionError
 from .geometry import Box, Coord
 from .pipeline import DeviceSteps, Predictor, is_out_of_memory
@@ -280,13 +280,10 @@ class SizeCache:
 
     def __init__(self, path: Path | None = None):
         self.path = path if path is not None else default_cache_dir() / "sizes.json"
+        self._file = JsonFile(self.path)
 
     def _entries(self) -> dict:
-        try:
-            entries = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return entries if isinstance(entries, dict) else {}
+        return self._file.read()
 
     def get(self, key: dict, problem: SizeProblem) -> list[Trial] | None:
         for entry in self._entries().get(_digest(key), []):
@@ -308,20 +305,7 @@ class SizeCache:
                  "trials": [_trial_json(t) for t in trials]}
         entries[_digest(key)] = [entry] + [e for e in entries.get(_digest(key), [])
                                            if e.get("max_block") != entry["max_block"]][:7]
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(entries, indent=1))
-            os.replace(tmp, self.path)
-        except OSError as err:  # a read-only home must not stop a run
-            logger.warning("could not cache the block size trials in %s: %s", self.path, err)
-
-
-def default_cache_dir() -> Path:
-    if os.environ.get("BLOCKPRED_CACHE_DIR"):
-        return Path(os.environ["BLOCKPRED_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "blockpred"
+        self._file.write(entries, "the block size trials")
 
 
 def device_key(predictor: Predictor) -> dict:

@@ -28,6 +28,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
+
 from .errors import InvalidOptionError
 from .geometry import Box, Coord
 
@@ -78,10 +80,8 @@ class BlockPlan:
     def num_output_voxels(self) -> int:
         return self.roi.size
 
-    def write_bounds(self, axis: int) -> tuple["np.ndarray", "np.ndarray"]:
+    def write_bounds(self, axis: int) -> tuple[np.ndarray, np.ndarray]:
         """Begin and end of every block's write box along ``axis``, one per grid index (numpy, in bulk)."""
-        import numpy as np
-
         step = self.block_shape[axis]
         grid = np.arange(self.grid_begin[axis], self.grid_begin[axis] + self.grid_shape[axis], dtype=np.int64)
         return np.maximum(grid * step, self.roi.begin[axis]), np.minimum((grid + 1) * step, self.roi.end[axis])

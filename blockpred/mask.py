@@ -57,7 +57,7 @@ class Mask:
 
         The same rule as :meth:`region` per block, computed in bulk: the mask
         is read in tiles of at most about ``max_tile_bytes`` (whole grid rows
-        in z and y, every x), each reduced along x, y and z by prefix sums.
+        in z and y, every x), each reduced along z, y and x (see :func:`_any_between`).
         """
         lo, hi = zip(*(self._intervals(plan, axis) for axis in range(3)))
         grid = np.zeros(tuple(plan.grid_shape), dtype=bool)
@@ -97,7 +97,20 @@ def _tiles(lo: np.ndarray, hi: np.ndarray, max_voxels: int) -> list[tuple[int, i
 
 
 def _any_between(marked: np.ndarray, lo: np.ndarray, hi: np.ndarray, axis: int) -> np.ndarray:
-    """``out[..., i, ...] = marked[..., lo[i]:hi[i], ...].any()`` along ``axis``, for every i at once."""
-    counts = np.cumsum(marked, axis=axis, dtype=np.int32)
-    counts = np.concatenate([np.zeros_like(counts.take([0], axis=axis)), counts], axis=axis)
-    return (counts.take(hi, axis=axis) - counts.take(lo, axis=axis)) > 0
+    """``out[..., i, ...] = marked[..., lo[i]:hi[i], ...].any()`` along ``axis``, for every i at once.
+
+    One pass of ``np.logical_or.reduceat`` over the segments between all
+    interval bounds (neighbouring intervals may share a voxel, so intervals
+    may overlap; the segments never do), then an OR over the few segments
+    each interval spans.  ``lo[0]`` must be 0 and ``hi[-1]`` the axis length.
+    """
+    if not marked.any():
+        return np.zeros(marked.shape[:axis] + (len(lo),) + marked.shape[axis + 1:], dtype=bool)
+    bounds = np.unique(np.concatenate([lo, hi]))
+    segments = np.logical_or.reduceat(marked, bounds[:-1], axis=axis)
+    first, last = np.searchsorted(bounds, lo), np.searchsorted(bounds, hi)
+    out = segments.take(first, axis=axis)
+    for step in range(1, int((last - first).max())):
+        spans = (first + step < last).reshape((-1,) + (1,) * (marked.ndim - axis - 1))
+        out |= segments.take(np.minimum(first + step, segments.shape[axis] - 1), axis=axis) & spans
+    return out

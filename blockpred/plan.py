@@ -15,19 +15,15 @@ per worker) or by ``blockpred bench`` (see :class:`ThroughputLog`).
 from __future__ import annotations
 
 import json
-import logging
-import os
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 
-from .autosize import default_cache_dir
+from .cache import JsonFile, default_cache_dir
 from .blocking import BlockPlan
 from .geometry import Coord
-
-logger = logging.getLogger(__name__)
 
 #: A run must have taken this long to be remembered as a throughput (start-up is not throughput).
 MIN_RECORDED_S = 2.0
@@ -131,36 +127,24 @@ class ThroughputLog:
 
     def __init__(self, path: Path | None = None):
         self.path = path if path is not None else default_cache_dir() / "throughput.json"
+        self._file = JsonFile(self.path)
 
     @staticmethod
     def _key(model_key: dict, precision: str) -> str:
         return json.dumps([model_key, precision], sort_keys=True)
 
-    def _entries(self) -> dict:
-        try:
-            entries = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return entries if isinstance(entries, dict) else {}
-
     def get(self, model_key: dict, precision: str) -> Throughput | None:
-        entry = self._entries().get(self._key(model_key, precision))
+        entry = self._file.read().get(self._key(model_key, precision))
         try:
             return Throughput(float(entry["mvox_per_s"]), str(entry["source"]))
         except (TypeError, KeyError, ValueError):
             return None
 
     def put(self, model_key: dict, precision: str, mvox_per_s: float, how: str, device: str) -> None:
-        entries = self._entries()
+        entries = self._file.read()
         source = f"{how} on {device}, {date.today().isoformat()}"
         entries[self._key(model_key, precision)] = {"mvox_per_s": mvox_per_s, "source": source}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(entries, indent=1))
-            os.replace(tmp, self.path)
-        except OSError as err:  # a read-only home must not stop a run
-            logger.warning("could not record the throughput in %s: %s", self.path, err)
+        self._file.write(entries, "the throughput")
 
 
 def _shape(shape: Coord) -> str:
@@ -181,7 +165,10 @@ def _duration(hours: float | None) -> str:
         return f"{hours / 24:.1f} d"
     if hours >= 1:
         return f"{hours:.1f} h"
-    return f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
+    seconds = hours * 3600
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
 
 
 __all__ = ["RunPlan", "Throughput", "ThroughputLog", "count_work"]

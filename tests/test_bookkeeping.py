@@ -14,7 +14,7 @@ from blockpred.cli import main
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
 from blockpred.io.base import parse_volume_path
-from blockpred.markers import DoneMarkers, markers_path
+from blockpred.markers import DoneMarkers
 from blockpred.mask import Mask
 from blockpred.scheduler import TaskFeed
 from tests.helpers import write_test_volume
@@ -122,7 +122,7 @@ def test_plan_prints_the_plan_in_bulk_and_writes_nothing(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "2x4x4 = 32 blocks: 1 to run, 31 masked out, 0 already done" in text
     assert "halo overhead 8.00" in text  # (16 + 2 x 8)^3 / 16^3
-    assert "1 GPU 4 s, 4 GPUs 1 s at 0.001 Mvox/s per GPU (assumed)" in text  # 4096 voxels
+    assert "1 GPU 4.1 s, 4 GPUs 1 s at 0.001 Mvox/s per GPU (assumed)" in text  # 4096 voxels
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
     assert main(["run", *args, "--local", "--no-progress"]) == 0
