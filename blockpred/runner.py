@@ -163,9 +163,8 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     """
     cfg, source_path, target_path = _paths(input, output, config, options)
     with open_volume(source_path) as source:
-        prepared = _prepare(cfg, source, source_path, target_path)
-        markers = prepared.previous if prepared.resumed else _create(prepared, source)
-    p = prepared
+        p = _prepare(cfg, source, source_path, target_path)
+        markers = p.previous if p.resumed else _create(p, source)
     job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
               device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
               skip_empty=cfg.skip_empty)
@@ -257,7 +256,7 @@ class Prepared:
     resumed: bool
     previous: DoneMarkers | None
     #: For a new run with a mask: the boolean grid of the blocks it leaves out.
-    masked: Any = None
+    masked: np.ndarray | None = None
 
     @property
     def out_channels(self) -> int:
