@@ -147,7 +147,7 @@ def main() -> None:
     for round_ in range(args.rounds + 1):  # round 0 warms caches and imports, and is not counted
         line = []
         for name, replaced in modes.items():
-            with mock.patch("blockpred.runner.Predictor", HostOnly) if replaced else contextlib.nullcontext():
+            with mock.patch("blockpred.prepare.Predictor", HostOnly) if replaced else contextlib.nullcontext():
                 summary = blockpred.predict(source, target, **options)
             if round_ == 0:
                 check_copy(source, target)

@@ -131,7 +131,7 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     from .models import load_model
     from .network import probe_network
     from .pipeline import resolve_device
-    from .runner import DEFAULT_BLOCK, DEFAULT_HALO
+    from .prepare import DEFAULT_BLOCK, DEFAULT_HALO
 
     target = resolve_device(device)
     results = []

@@ -1,9 +1,9 @@
-"""``blockpred.predict``: validate everything, then plan, create the output and run.
+"""``blockpred.predict`` and ``blockpred.plan``: prepare a run, then execute it and summarise.
 
-Nothing is created at the output path until every check has passed: a bad
-option, a missing input, a model that does not fit the volume or an existing
-output (without ``overwrite``) raises a :class:`~blockpred.errors.BlockpredError`
-and leaves the disk as it was.
+:mod:`blockpred.prepare` checks and plans (writing nothing until every check
+has passed); this module creates the output through it, runs the blocks in
+this process or on dask (:mod:`blockpred.scheduler`), shows progress
+(:mod:`blockpred.progress`) and returns a :class:`PredictionSummary`.
 """
 
 from __future__ import annotations
@@ -12,43 +12,24 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .blocking import Block, BlockPlan, plan_blocks
-from .config import RunConfig, make_config
-from .errors import BlockFailedError, InvalidOptionError, ModelLoadError, OutputExistsError
-from .geometry import Coord
-from .io import (
-    VolumePath,
-    check_input_volume,
-    create_volume,
-    open_volume,
-    parse_volume_path,
-    remove_volume,
-    supports_sharding,
-    volume_exists,
-)
-from .layout import OutputLayout, block_step, choose_layout
-from .job import Job, ModelSpec, run_job
-from .mask import Mask
-from .markers import DoneMarkers, as_json, describe_changes, markers_path
-from .network import NetworkGeometry, probe_network
+from .autosize import SizeChoice
+from .blocking import Block, BlockPlan
+from .config import RunConfig
+from .errors import BlockFailedError, InvalidOptionError
+from .io import VolumePath, open_volume
+from .job import Job, run_job
 from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
-from .autosize import SizeChoice, SizeProblem, choose_sizes, model_key, probe_block
-from .pipeline import Backoff, DeviceSteps, PipelineSettings, Predictor, RunStats, resolve_device
+from .pipeline import Backoff, Predictor, RunStats
+from .prepare import Prepared, create_output, model_key_of, prepare, resolve_paths
+from .progress import ProgressBar
 
 logger = logging.getLogger(__name__)
-
-#: Block core when neither the options nor the model say (rounded to the downsampling).
-DEFAULT_BLOCK = Coord((64, 64, 64))
-#: Halo for a 'same' network that states none.
-DEFAULT_HALO = Coord((8, 8, 8))
 
 
 @dataclass(frozen=True)
@@ -95,62 +76,6 @@ class PredictionSummary:
         return "\n".join(lines)
 
 
-def default_output_path(source: VolumePath) -> VolumePath:
-    """A sibling dataset ``prediction`` inside a container, else a new container beside the input."""
-    if source.dataset:
-        return source.sibling("prediction")
-    suffix = source.container.suffix
-    return VolumePath(source.format, source.container.with_name(source.container.stem + ".prediction" + suffix), "")
-
-
-def _same_container(a: VolumePath, b: VolumePath) -> bool:
-    return Path(os.path.abspath(a.container)) == Path(os.path.abspath(b.container))
-
-
-def check_output_path(source: VolumePath, target: VolumePath) -> None:
-    """Refuse an output inside the input array, or one that would contain (and so replace) it."""
-    if target.format == "hdf5" and not target.dataset:
-        raise InvalidOptionError(f"HDF5 output {str(target)!r} names no dataset; use for example {target}prediction")
-    if not _same_container(source, target):
-        return
-    inside = not source.dataset or target.dataset == source.dataset or target.dataset.startswith(source.dataset + "/")
-    if inside:
-        raise InvalidOptionError(
-            f"output {str(target)!r} is inside the input array {str(source)!r}; "
-            f"write to a sibling dataset (such as {str(source.sibling('prediction')) if source.dataset else 'another container'})"
-        )
-    if not target.dataset or source.dataset.startswith(target.dataset + "/"):
-        raise InvalidOptionError(
-            f"output {str(target)!r} contains the input {str(source)!r}; choose a sibling dataset or another container"
-        )
-
-
-def default_io_threads(cfg: RunConfig) -> int:
-    """Reader (and writer) threads per worker: half the CPU cores each worker has, from 2 to 8.
-
-    Decompression and compression release the GIL, so these threads run in
-    parallel; the bench's stage times show when they limit.
-    """
-    workers = 1 if cfg.local else (cfg.workers or _local_gpus() or 1)
-    return max(2, min(8, (os.cpu_count() or 2) // workers // 2))
-
-
-def _local_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord) -> Coord:
-    """The block the options name; else the model's default (or 64^3), no larger than the ROI needs."""
-    if config.block is not None:
-        return config.block
-    block = model_block if model_block is not None else DEFAULT_BLOCK
-    step = block_step(downsampling, config.output_chunks, config.shards)
-    # A small volume gets one small block rather than one mostly made of padding.
-    return block.minimum(roi_shape).ceil_div(step) * step
-
-
 def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
             config: str | os.PathLike | None = None, **options: Any) -> PredictionSummary:
     """Predict ``input`` with a network, block by block, into ``output``.
@@ -161,10 +86,10 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     ``config``.  Without ``output`` the prediction goes next to the input (see
     :func:`default_output_path`).  Returns a :class:`PredictionSummary`.
     """
-    cfg, source_path, target_path = _paths(input, output, config, options)
+    cfg, source_path, target_path = resolve_paths(input, output, config, options)
     with open_volume(source_path) as source:
-        p = _prepare(cfg, source, source_path, target_path)
-        markers = p.previous if p.resumed else _create(p, source)
+        p = prepare(cfg, source, source_path, target_path)
+        markers = p.previous if p.resumed else create_output(p, source)
     job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
               device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
               skip_empty=cfg.skip_empty)
@@ -190,9 +115,9 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
         raise InvalidOptionError(f"--assume-mvox-per-s must be a positive number, got {assume_mvox_per_s}")
     if not gpus or any(int(n) <= 0 for n in gpus):
         raise InvalidOptionError(f"GPU counts must be positive, got {list(gpus)}")
-    cfg, source_path, target_path = _paths(input, output, config, options)
+    cfg, source_path, target_path = resolve_paths(input, output, config, options)
     with open_volume(source_path) as source:
-        p = _prepare(cfg, source, source_path, target_path)
+        p = prepare(cfg, source, source_path, target_path)
         volume_shape, dtype = source.spatial_shape, str(source.dtype)
     block_plan = p.layout.plan
     if p.resumed:
@@ -204,28 +129,12 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
     if assume_mvox_per_s is not None:
         throughput = Throughput(float(assume_mvox_per_s), "assumed")
     else:
-        throughput = ThroughputLog().get(_model_key(cfg, p.model), cfg.precision)
+        throughput = ThroughputLog().get(model_key_of(cfg, p.model), cfg.precision)
     num_masked = int(masked.sum())
     return RunPlan(str(source_path), str(target_path), p.model.name, str(p.predictor.device), cfg.precision,
                    volume_shape, dtype, block_plan, p.settings.batch_size, p.out_channels, cfg.output_dtype.name,
                    p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
                    voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus))
-
-
-def _paths(input, output, config, options: dict) -> tuple[RunConfig, VolumePath, VolumePath]:
-    """The options as a config, and the input and output paths, checked against each other."""
-    cfg = make_config(config, **options)
-    source_path = parse_volume_path(input)
-    target_path = parse_volume_path(output) if output is not None else default_output_path(source_path)
-    check_output_path(source_path, target_path)
-    if target_path.format == "n5" and cfg.output_dtype.name == "float16":
-        raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
-    return cfg, source_path, target_path
-
-
-def _model_key(cfg: RunConfig, model) -> dict:
-    return model_key(model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind, model.weights_sha256,
-                     dict(cfg.model_kwargs))
 
 
 def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
@@ -234,111 +143,8 @@ def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
     if stats.seconds < MIN_RECORDED_S or stats.num_blocks == 0:
         return
     workers = max(1, len(summary.workers))
-    ThroughputLog().put(_model_key(p.cfg, p.model), p.cfg.precision, stats.mvox_per_s / workers,
+    ThroughputLog().put(model_key_of(p.cfg, p.model), p.cfg.precision, stats.mvox_per_s / workers,
                         f"blockpred run of {stats.num_blocks} blocks, per worker", summary.device)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A run checked and planned, with nothing written yet (what ``blockpred plan`` reports)."""
-
-    cfg: RunConfig
-    source_path: VolumePath
-    target_path: VolumePath
-    model: Any  # LoadedModel
-    spec: ModelSpec
-    predictor: Predictor
-    layout: "_Layout"
-    channels: tuple[int, ...] | None
-    settings: PipelineSettings
-    fingerprint: dict
-    #: True when the output holds markers of the same settings: its finished blocks are kept.
-    resumed: bool
-    previous: DoneMarkers | None
-    #: For a new run with a mask: the boolean grid of the blocks it leaves out.
-    masked: np.ndarray | None = None
-
-    @property
-    def out_channels(self) -> int:
-        return len(self.channels) if self.channels is not None else self.layout.geometry.out_channels
-
-
-def _prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath) -> Prepared:
-    """Every check and the plan; writes nothing (see :func:`_create`)."""
-    check_input_volume(source)
-    exists = volume_exists(target_path)
-    previous = DoneMarkers.open(markers_path(target_path)) if exists else None
-    if exists and not cfg.overwrite and previous is None:
-        raise OutputExistsError(f"output {str(target_path)!r} exists; pass --overwrite to replace it, or choose another path")
-    roi = cfg.roi if cfg.roi is not None else source.box
-    if roi.empty or not source.box.contains(roi):
-        raise InvalidOptionError(f"ROI {roi} must be a non-empty box inside the volume {source.box}")
-    if cfg.local and (cfg.workers or cfg.scheduler):
-        raise InvalidOptionError("--local runs in this process; it cannot be combined with --workers or --scheduler")
-
-    if not cfg.local and cfg.scheduler is None and target_path.format == "hdf5":
-        from .scheduler import check_hdf5_writers, local_worker_envs
-
-        check_hdf5_writers(target_path, len(local_worker_envs(cfg.device, cfg.workers)))
-    mask = Mask.open(parse_volume_path(cfg.mask), source.spatial_shape) if cfg.mask is not None else None
-    device = _client_device(cfg)
-    spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
-    model = spec.load()
-    in_channels = source.num_channels or 1
-    if model.in_channels is not None and model.in_channels != in_channels:
-        raise ModelLoadError(
-            f"network {model.name!r} takes {model.in_channels} input channel(s) but {source_path} has {in_channels}"
-        )
-    predictor = Predictor(model.module, device, cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format)
-    resume_block = None
-    if previous is not None and not cfg.overwrite and cfg.block == "auto" and previous.fingerprint.get("block"):
-        resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
-    layout = _plan(cfg, source, roi, model, predictor, resume_block, target_path)
-    plan, geometry, output = layout.plan, layout.geometry, layout.output
-    channels = _check_channels(cfg.channels, geometry)
-    settings = PipelineSettings(
-        batch_size=layout.batch_size, num_readers=cfg.num_readers or default_io_threads(cfg),
-        num_writers=cfg.num_writers or default_io_threads(cfg),
-        prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
-        normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
-        downsampling=_downsampling(cfg, model),
-    )
-    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
-    resumed = previous is not None and not cfg.overwrite
-    if resumed:
-        changes = describe_changes(previous.fingerprint, fingerprint)
-        if changes:
-            raise OutputExistsError(
-                f"output {str(target_path)!r} was made with other settings ({'; '.join(changes)}); "
-                f"pass --overwrite to start again, or choose another output"
-            )
-    masked = ~mask.coverage(plan) if mask is not None and not resumed else None
-    return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
-                    resumed, previous, masked)
-
-
-def _create(p: Prepared, source) -> DoneMarkers:
-    """Every check has passed: only now is anything written.  Markers first, so an
-    output without markers is never one of ours half-made."""
-    cfg, plan, output = p.cfg, p.layout.plan, p.layout.output
-    if volume_exists(p.target_path):
-        remove_volume(p.target_path)
-    markers = DoneMarkers.create(markers_path(p.target_path), plan, p.fingerprint, p.masked)
-    sink = create_volume(
-        p.target_path,
-        spatial_shape=source.spatial_shape,
-        num_channels=p.out_channels,
-        dtype=cfg.output_dtype,
-        chunk_shape=output.chunks,
-        shard_shape=output.shards,
-        compression=cfg.compression,
-        voxel_size=source.voxel_size,
-    )
-    sink.close()
-    # Blocks are whole chunks (shards, for a sharded array): no two tasks ever write one chunk.
-    if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
-        raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {p.target_path}")
-    return markers
 
 
 def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str, target: str,
@@ -352,7 +158,7 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
                 target, plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo),
                 num_resumed, masked)
     workers: dict = {}
-    with _progress(len(todo), enabled=cfg.progress) as on_progress:
+    with ProgressBar(len(todo), enabled=cfg.progress) as on_progress:
         if cfg.local or len(todo) == 0:
             stats = _run_local(job, todo, predictor, cfg.retries, on_progress)
             where = str(predictor.device)
@@ -367,36 +173,6 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
 def _absolute(path: VolumePath) -> VolumePath:
     """The path as workers in other directories (or on other machines, over a shared disk) see it."""
     return VolumePath(path.format, Path(os.path.abspath(path.container)), path.dataset)
-
-
-def _client_device(cfg: RunConfig):
-    """Where this process runs the dry run (and, with ``local``, the blocks).
-
-    Joining a cluster, this process need not have the workers' GPUs: without
-    CUDA here, the dry run runs on the CPU and each worker checks its own device.
-    """
-    import torch
-
-    if cfg.scheduler is not None and str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
-        return resolve_device("cpu")
-    return resolve_device(cfg.device)
-
-
-def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, output: OutputLayout,
-                 channels, mask: Mask | None) -> dict:
-    """Everything that decides the output's values and layout (see :mod:`blockpred.markers`)."""
-    return {
-        "input": os.path.abspath(str(source_path)), "input_shape": source.shape, "input_dtype": str(source.dtype),
-        "model": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
-        "model_weights": model.weights_sha256, "model_kwargs": dict(cfg.model_kwargs),
-        "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
-        "network_input": plan.input_shape, "context": plan.context,
-        "normalize": str(cfg.normalize), "pad_mode": cfg.pad_mode, "pad_value": cfg.pad_value,
-        "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": output.chunks,
-        "output_shards": output.shards,
-        "channels": channels, "skip_empty": cfg.skip_empty,
-        "mask": None if mask is None else [os.path.abspath(str(mask.path)), mask.mask_shape],
-    }
 
 
 def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) -> RunStats:
@@ -427,161 +203,3 @@ def _run_on_dask(job: Job, todo, cfg: RunConfig, on_progress) -> tuple[RunStats,
     result = run_distributed(job, todo, num_workers=cfg.workers, scheduler_address=cfg.scheduler,
                              retries=cfg.retries, on_progress=on_progress, on_dashboard=dashboard)
     return result.stats, result.workers
-
-
-def _downsampling(cfg: RunConfig, model) -> Coord:
-    return cfg.downsampling if cfg.downsampling is not None else model.downsampling
-
-
-@dataclass(frozen=True)
-class _Layout:
-    plan: BlockPlan
-    geometry: NetworkGeometry
-    output: OutputLayout
-    batch_size: int
-    #: What ``--block auto`` / ``--batch-size auto`` chose, if asked.
-    sizing: SizeChoice | None = None
-
-
-def _plan(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
-          target_path: VolumePath) -> _Layout:
-    """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run."""
-    downsampling = _downsampling(cfg, model)
-    auto_block = cfg.block == "auto"
-    start_block = resume_block if auto_block and resume_block is not None else (None if auto_block else cfg.block)
-    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape)
-    searching = auto_block and resume_block is None
-    base_block = block
-    if searching:  # the dry run on a small block: the default one may not fit the device
-        block = probe_block(block, downsampling)
-
-    def layout_for(block: Coord) -> OutputLayout:
-        return choose_layout(block=block, volume_shape=source.spatial_shape, chunks=cfg.output_chunks,
-                             shards=cfg.shards, can_shard=supports_sharding(target_path), target=str(target_path))
-
-    output = None if searching else layout_for(block)
-    halo_defaulted = cfg.halo is None and model.default_halo is None
-    halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
-    if halo_defaulted and model.padding == "valid":
-        halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
-    # Check block, halo, chunks and ROI before the (possibly slow) dry run.
-    plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
-                downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
-    in_channels = source.num_channels or 1
-    geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
-                             first_input=_valid_input_hint(model, block + halo * 2))
-    if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
-        # The dry run showed a valid network the model did not announce: drop the default halo.
-        halo = Coord((0, 0, 0))
-        geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
-    batch_size, sizing = cfg.batch_size, None
-    if searching or batch_size == "auto":
-        sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
-                            fixed_block=None if searching else block)
-        batch_size = sizing.batch_size
-        if sizing.block != block:
-            block = sizing.block
-            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
-                                     downsampling=downsampling, first_input=_valid_input_hint(model, block + halo * 2))
-    output = layout_for(block)
-    plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
-                       input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
-                       chunk_shape=output.write_unit)
-    return _Layout(plan, geometry, output, int(batch_size), sizing)
-
-
-def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
-               halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None) -> SizeChoice:
-    """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
-
-    With ``--scheduler`` the trials run on one of the cluster's workers, whose
-    device the blocks will run on; otherwise on this process's device.
-
-    ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
-    """
-    _check_channels(cfg.channels, geometry)  # before trials that would select them
-    step = block_step(downsampling, cfg.output_chunks, cfg.shards)
-    scale, offset = cfg.normalize.scale_offset(source.dtype)
-    problem = SizeProblem(
-        in_channels=source.num_channels or 1, raw_dtype=source.dtype, halo=halo, context=geometry.context,
-        input_extra=geometry.input_shape - (block + (halo + geometry.context) * 2), step=step,
-        base_block=base_block, roi=roi,
-        steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
-        fixed_block=fixed_block, fixed_batch=None if cfg.batch_size == "auto" else cfg.batch_size,
-    )
-    key = _model_key(cfg, model)
-    if cfg.scheduler is None:
-        choice = choose_sizes(predictor, problem, model_key=key)
-    else:  # the trials belong on the workers' devices, which this machine may not have
-        from .scheduler import run_on_a_worker
-
-        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
-        choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
-                                 cfg.compile, cfg.memory_format, problem, key)
-    logger.info("auto size: %s", choice)
-    return choice
-
-
-def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
-                            problem: SizeProblem, key: dict) -> SizeChoice:
-    """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
-    from .scheduler import worker_device
-
-    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
-                          memory_format=memory_format)
-    return choose_sizes(predictor, problem, model_key=key)
-
-
-def _valid_input_hint(model, output_shape: Coord) -> Coord | None:
-    """For a valid network that can tell (the built-in U-Net can), an input shape it accepts."""
-    shape_for = getattr(model.module, "valid_input_shape", None)
-    if model.padding != "valid" or shape_for is None:
-        return None
-    return Coord(shape_for(output_shape))
-
-
-def _check_channels(channels: tuple[int, ...] | None, geometry: NetworkGeometry) -> tuple[int, ...] | None:
-    if channels is None:
-        return None
-    bad = [c for c in channels if not 0 <= c < geometry.out_channels]
-    if bad or not channels:
-        raise InvalidOptionError(
-            f"channels {list(channels)} must be indices into the network's {geometry.out_channels} output channels"
-        )
-    return channels
-
-
-class _progress:
-    """A tqdm bar over blocks with Mvox/s; a no-op when disabled.  Called with (blocks, voxels) as they finish."""
-
-    def __init__(self, num_blocks: int, enabled: bool):
-        self._num_blocks = num_blocks
-        self._enabled = enabled
-        self._bar = None
-        self._voxels = 0
-        self._first: tuple[float, int] | None = None
-        self._lock = threading.Lock()
-
-    def __enter__(self):
-        if not self._enabled:
-            return None
-        from tqdm.auto import tqdm
-
-        self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
-        return self._update
-
-    def _update(self, blocks: int, voxels: int) -> None:
-        with self._lock:
-            now = time.perf_counter()
-            if self._first is None:  # rate from the first finished block: start-up is not throughput
-                self._first = (now, voxels)
-            self._voxels += voxels
-            since, counted = self._first
-            if now > since:
-                rate = (self._voxels - counted) / (now - since) / 1e6
-                self._bar.set_postfix_str(f"{rate:.2f} Mvox/s", refresh=False)
-            self._bar.update(blocks)
-
-    def __exit__(self, *exc):
-        if self._bar is not None:
-            self._bar.close()
