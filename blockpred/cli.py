@@ -308,5 +308,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def console() -> int:
+    """The ``blockpred`` command as a process: :func:`main`, then a quick exit.
+
+    The interpreter's shutdown would otherwise spend most of a second in the
+    cyclic garbage collector over everything torch, dask and zarr allocated;
+    every file is written and closed by now, and the OS frees the memory, so
+    the objects are frozen out of that last collection.  (Only here: a caller
+    of :func:`main` in its own process keeps its collector.)
+    """
+    import gc
+
+    code = main()
+    sys.stdout.flush()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(console())

@@ -22,9 +22,10 @@ from .geometry import Box, Coord
 from .layout import SHARD_CHOICES
 from .normalize import Normalization, parse_output_dtype
 from .padding import PAD_MODES
-from .pipeline.infer import COMPILE_MODES, MEMORY_FORMATS
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -147,8 +147,14 @@ class Prepared:
         return len(self.channels) if self.channels is not None else self.layout.geometry.out_channels
 
 
-def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath) -> Prepared:
-    """Every check and the plan; writes nothing (see :func:`create_output`)."""
+def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
+            on_paths_checked: Callable[[], None] | None = None) -> Prepared:
+    """Every check and the plan; writes nothing (see :func:`create_output`).
+
+    ``on_paths_checked()`` is called once the input, the output path, the ROI
+    and the worker options have passed, before the model is loaded (the
+    runner starts its dask cluster there, so both go on at once).
+    """
     check_input_volume(source)
     exists = volume_exists(target_path)
     previous = DoneMarkers.open(markers_path(target_path)) if exists else None
@@ -161,9 +167,11 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         raise InvalidOptionError("--local runs in this process; it cannot be combined with --workers or --scheduler")
 
     if not cfg.local and cfg.scheduler is None and target_path.format == "hdf5":
-        from .scheduler import check_hdf5_writers, local_worker_envs
+        from .cluster import check_hdf5_writers, local_worker_envs
 
         check_hdf5_writers(target_path, len(local_worker_envs(cfg.device, cfg.workers)))
+    if on_paths_checked is not None:
+        on_paths_checked()
     mask = Mask.open(parse_volume_path(cfg.mask), source.spatial_shape) if cfg.mask is not None else None
     device = _client_device(cfg)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)

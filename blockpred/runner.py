@@ -8,6 +8,7 @@ this process or on dask (:mod:`blockpred.scheduler`), shows progress
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -20,6 +21,7 @@ import numpy as np
 
 from .autosize import SizeChoice
 from .blocking import Block, BlockPlan
+from .cluster import Cluster
 from .config import RunConfig
 from .errors import BlockFailedError, InvalidOptionError
 from .io import VolumePath, open_volume
@@ -85,16 +87,30 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     ``output_dtype``, ``roi``, ``overwrite`` ...); they override the YAML file
     ``config``.  Without ``output`` the prediction goes next to the input (see
     :func:`default_output_path`).  Returns a :class:`PredictionSummary`.
+
+    A run on dask starts its cluster (:class:`blockpred.cluster.Cluster`) as
+    soon as the input and output paths have passed their checks, so the
+    workers start while this process loads the model and does its dry run;
+    the cluster is closed when ``predict`` returns or raises.
     """
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
-    with open_volume(source_path) as source:
-        p = prepare(cfg, source, source_path, target_path)
-        markers = p.previous if p.resumed else create_output(p, source)
-    job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
-              device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
-              skip_empty=cfg.skip_empty)
-    # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
-    summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed)
+    cluster = None
+    with contextlib.ExitStack() as stack:
+
+        def start_cluster() -> None:  # called by prepare once the input and output paths have passed
+            nonlocal cluster
+            if not cfg.local:
+                cluster = stack.enter_context(Cluster(cfg.device, cfg.workers, cfg.scheduler))
+
+        with open_volume(source_path) as source:
+            p = prepare(cfg, source, source_path, target_path, on_paths_checked=start_cluster)
+            markers = p.previous if p.resumed else create_output(p, source)
+        job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
+                  device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
+                  skip_empty=cfg.skip_empty)
+        # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
+        summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
+                           cluster)
     _record_throughput(p, summary)
     sizing = p.layout.sizing
     return dataclasses.replace(summary, sizing=sizing) if sizing is not None else summary
@@ -148,7 +164,7 @@ def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
 
 
 def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str, target: str,
-             resumed: bool) -> PredictionSummary:
+             resumed: bool, cluster: Cluster | None) -> PredictionSummary:
     plan, markers = job.plan, job.markers
     todo = markers.todo_ids()  # in bulk: one boolean per block, never a Python object per block
     # A fresh run's masked-out blocks are this run's skips; a resumed run finds them finished.
@@ -159,11 +175,11 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
                 num_resumed, masked)
     workers: dict = {}
     with ProgressBar(len(todo), enabled=cfg.progress) as on_progress:
-        if cfg.local or len(todo) == 0:
+        if cluster is None or len(todo) == 0:
             stats = _run_local(job, todo, predictor, cfg.retries, on_progress)
             where = str(predictor.device)
         else:
-            stats, workers = _run_on_dask(job, todo, cfg, on_progress)
+            stats, workers = _run_on_dask(job, todo, cluster, cfg.retries, on_progress)
             where = ", ".join(sorted({w.device for w in workers.values()})) or str(predictor.device)
     stats.num_skipped += masked
     return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers,
@@ -194,12 +210,11 @@ def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) 
     raise AssertionError("unreachable")
 
 
-def _run_on_dask(job: Job, todo, cfg: RunConfig, on_progress) -> tuple[RunStats, dict]:
+def _run_on_dask(job: Job, todo, cluster: Cluster, retries: int, on_progress) -> tuple[RunStats, dict]:
     from .scheduler import run_distributed
 
     def dashboard(link: str) -> None:
         print(f"blockpred: dask dashboard at {link}", file=sys.stderr)
 
-    result = run_distributed(job, todo, num_workers=cfg.workers, scheduler_address=cfg.scheduler,
-                             retries=cfg.retries, on_progress=on_progress, on_dashboard=dashboard)
+    result = run_distributed(job, todo, cluster, retries=retries, on_progress=on_progress, on_dashboard=dashboard)
     return result.stats, result.workers

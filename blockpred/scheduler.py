@@ -1,10 +1,8 @@
 """Running a job on dask.distributed: every GPU of a machine or a cluster.
 
-* **Cluster.** By default a local cluster with one worker process per device:
-  every visible GPU (each worker sees only its own, through
-  ``CUDA_VISIBLE_DEVICES``), or ``num_workers`` CPU workers.  With
-  ``scheduler_address`` the job joins an existing cluster instead (multi-node,
-  SLURM through dask-jobqueue: see ``examples/``).
+* **Cluster.** A local cluster or a joined one, started early (see
+  :mod:`blockpred.cluster`); multi-node and SLURM through dask-jobqueue: see
+  ``examples/``.
 * **Model once per worker.** A :class:`PredictorPlugin`, registered with
   ``Client.register_plugin``, loads the network when a worker starts (or
   joins later) and keeps it; tasks carry only the job's key and an array of
@@ -30,20 +28,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import dask
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .blocking import Block
+from .cluster import Cluster, _quiet_dask, check_hdf5_writers
 from .errors import BlockFailedError, InvalidOptionError
 from .geometry import Coord
 from .job import Job, run_job
@@ -204,100 +200,23 @@ class TaskFeed:
         return ids
 
 
-def local_worker_envs(device: str, num_workers: int | None) -> list[dict[str, str]]:
-    """One environment per local worker: each GPU worker sees only its own GPU."""
-    import torch
-
-    wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if wants_cuda:
-        if not torch.cuda.is_available():
-            raise InvalidOptionError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-        if ":" in device:
-            gpus = [gpus[int(device.split(":")[1])]]
-        count = num_workers or len(gpus)
-        return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(count)]
-    return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(num_workers or 1)]
-
-
-def check_hdf5_writers(target, num_workers: int) -> None:
-    """HDF5 has no concurrent writers: an HDF5 output takes one worker."""
-    if target.format == "hdf5" and num_workers > 1:
-        raise InvalidOptionError(
-            f"an HDF5 output cannot be written by {num_workers} workers at once (HDF5 has no concurrent writers); "
-            f"use --workers 1 or --local, or a zarr or N5 output"
-        )
-
-
-def _start_local_cluster(envs: list[dict[str, str]]):
-    """dask-cuda's LocalCUDACluster when installed and every worker has its own GPU, else a SpecCluster."""
-    from distributed import Nanny, Scheduler, SpecCluster
-
-    gpus = [env["CUDA_VISIBLE_DEVICES"] for env in envs]
-    if all(gpus) and len(set(gpus)) == len(gpus):
-        try:
-            from dask_cuda import LocalCUDACluster
-        except ImportError:
-            pass
-        else:
-            return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1,
-                                    dashboard_address=":0", silence_logs=logging.ERROR)
-
-    options = {"nthreads": 1, "silence_logs": logging.ERROR}
-    workers = {f"blockpred-{i}": {"cls": Nanny, "options": {**options, "env": env}} for i, env in enumerate(envs)}
-    with dask.config.set(_worker_environment(len(envs))):
-        return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
-                           silence_logs=logging.ERROR, name="blockpred")
-
-
-def _worker_environment(num_workers: int) -> dict:
-    """What dask sets before it spawns a worker, adjusted for a process that runs a network.
-
-    dask's defaults pin OpenMP/MKL to one thread and set ``MALLOC_TRIM_THRESHOLD_``,
-    which turns off glibc's adaptive mmap threshold: every large tensor is then
-    mapped and zeroed anew.  A worker here gets its share of the cores instead.
-    """
-    threads = str(max(1, (os.cpu_count() or 1) // num_workers))
-    key = "distributed.nanny.pre-spawn-environ"
-    return {f"{key}.MALLOC_TRIM_THRESHOLD_": None, f"{key}.OMP_NUM_THREADS": threads,
-            f"{key}.MKL_NUM_THREADS": threads, f"{key}.OPENBLAS_NUM_THREADS": threads}
-
-
 def run_distributed(
     job: Job,
     block_ids,
+    cluster: Cluster,
     *,
-    num_workers: int | None,
-    scheduler_address: str | None,
     retries: int,
     on_progress: Callable[[int, int], None] | None = None,
     on_dashboard: Callable[[str], None] | None = None,
 ) -> DistributedResult:
-    """Run the blocks ``block_ids`` (an array of ids) over dask workers; returns per-worker counts.
+    """Run the blocks ``block_ids`` (an array of ids) over the workers of ``cluster``; returns per-worker counts.
 
     ``on_progress(blocks, voxels)`` is called as blocks finish.
     """
-    from distributed import Client
-
-    _quiet_dask()
-    cluster = None
-    with without_main_reimport():  # spawned workers do not run the caller's script again
-        if scheduler_address is None:
-            envs = local_worker_envs(job.device, num_workers)
-            check_hdf5_writers(job.target, len(envs))
-            cluster = _start_local_cluster(envs)
-            torch_threads = max(1, (os.cpu_count() or 1) // len(envs)) if not envs[0]["CUDA_VISIBLE_DEVICES"] else None
-            client = Client(cluster)
-        else:
-            client = Client(scheduler_address)
-            torch_threads = None
-        try:
-            return _feed(client, job, block_ids, retries, torch_threads, on_progress, on_dashboard)
-        finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
+    client = cluster.client()
+    if cluster.scheduler_address is None:
+        check_hdf5_writers(job.target, len(client.scheduler_info(n_workers=-1)["workers"]))
+    return _feed(client, job, block_ids, retries, cluster.torch_threads, on_progress, on_dashboard)
 
 
 def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
@@ -384,37 +303,6 @@ class _WorkerCount:
         return self._count
 
 
-@contextlib.contextmanager
-def without_main_reimport():
-    """While workers are spawned: hide the caller's ``__main__`` from multiprocessing.
-
-    A spawned process imports the parent's main script again (as
-    ``__mp_main__``) so that pickles can refer to it.  A script that calls
-    :func:`blockpred.predict` without an ``if __name__ == "__main__":`` guard
-    would then start a second prediction inside every worker and die in
-    multiprocessing's bootstrapping check.  blockpred's tasks and plugins are
-    pickled with cloudpickle, which carries anything defined in ``__main__`` by
-    value, so the workers never need the script: they are spawned as from an
-    interactive session.  Workers a nanny restarts later are spawned the same
-    way while the run lasts.
-    """
-    main = sys.modules.get("__main__")
-    hidden = {name: getattr(main, name) for name in ("__file__", "__spec__") if main is not None and hasattr(main, name)}
-    if "__file__" not in hidden and getattr(main, "__spec__", None) is None:
-        yield  # an interactive session or a notebook: nothing to hide
-        return
-    for name in hidden:
-        if name == "__spec__":
-            main.__spec__ = None
-        else:
-            delattr(main, name)
-    try:
-        yield
-    finally:
-        for name, value in hidden.items():
-            setattr(main, name, value)
-
-
 def run_on_a_worker(scheduler_address: str, function: Callable, *args, wait_s: float = 60.0):
     """``function(*args)`` run on one worker of the cluster at ``scheduler_address``; its result."""
     from distributed import Client
@@ -436,17 +324,6 @@ def _merge_sizes(stats: RunStats, batch_size: int, block_parts: Coord) -> None:
         stats.batch_size = batch_size
     if block_parts.prod() > stats.block_parts.prod():
         stats.block_parts = block_parts
-
-
-def _quiet_dask() -> None:
-    """dask's INFO chatter only when blockpred itself logs at INFO (``blockpred -v``)."""
-    if logging.getLogger("blockpred").isEnabledFor(logging.INFO):
-        return
-    import distributed  # noqa: F401 - creates its loggers
-
-    for name in list(logging.root.manager.loggerDict):
-        if name == "distributed" or name.startswith("distributed."):
-            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _has_dashboard(client) -> bool:

@@ -296,3 +296,15 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
     assert summary.workers["late"].num_blocks >= 1, summary.workers
     assert sum(w.num_blocks for w in summary.workers.values()) == 32
     np.testing.assert_array_equal(read_all(out), read_all(clean))
+
+
+@pytest.mark.parametrize("workers, in_this_process", [(None, True), (2, False)])
+def test_one_cpu_worker_runs_in_the_client_process_and_several_are_processes(tmp_path, workers, in_this_process):
+    source = random_volume(tmp_path, (16, 32, 64))  # 8 blocks of 16^3
+    log = tmp_path / "pids.log"
+    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), block=16, halo=4, workers=workers,
+                                device="cpu", progress=False, model="tests.networks:pid_logged",
+                                model_kwargs={"log_path": str(log)})
+    pids = {int(p) for p in log.read_text().split()}
+    assert len(summary.workers) == (workers or 1) and summary.stats.num_blocks == 8
+    assert (pids == {os.getpid()}) is in_this_process, pids

@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from ..config import COMPILE_MODES, MEMORY_FORMATS
 from ..errors import InvalidOptionError
 
 logger = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ _TORCH_OUTPUT_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float16"):
                         np.dtype("uint8"): torch.uint8}
 #: Elements per piece of the elementwise steps on the CPU: 1 MB of float32, a core's cache.
 _CPU_SLAB_ELEMENTS = 1 << 18
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
-MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
 def resolve_device(name: str) -> torch.device:
