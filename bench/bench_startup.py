@@ -28,13 +28,13 @@ from blockpred.demo import write_demo_volume
 from blockpred.geometry import Coord
 
 
-def run_once(volume: str, extra: list[str], pythonpath: str | None) -> tuple[float, float]:
+def run_once(volume: str, extra: list[str], pythonpath: str | None, cwd: str) -> tuple[float, float]:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "blockpred", "run", volume, "--overwrite", "--no-progress", *extra],
-                            capture_output=True, text=True, env=env)
+                            capture_output=True, text=True, env=env, cwd=cwd)  # not a checkout: -m finds cwd first
     wall = time.perf_counter() - start
     if result.returncode != 0:
         sys.exit(f"blockpred run failed: {result.stderr.strip()[-2000:]}")
@@ -55,7 +55,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for tree, path in trees.items():
             for mode, extra in modes.items():
-                times.setdefault(f"{tree}, {mode}", []).append(run_once(volume, extra, path))
+                times.setdefault(f"{tree}, {mode}", []).append(run_once(volume, extra, path, args.dir))
     rows = {}
     for name, runs in times.items():
         wall = statistics.median(w for w, _ in runs)
