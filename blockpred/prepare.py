@@ -148,12 +148,13 @@ class Prepared:
 
 
 def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
-            on_paths_checked: Callable[[], None] | None = None) -> Prepared:
+            on_paths_checked: Callable[[DoneMarkers | None], None] | None = None) -> Prepared:
     """Every check and the plan; writes nothing (see :func:`create_output`).
 
-    ``on_paths_checked()`` is called once the input, the output path, the ROI
-    and the worker options have passed, before the model is loaded (the
-    runner starts its dask cluster there, so both go on at once).
+    ``on_paths_checked(previous)`` is called once the input, the output path,
+    the ROI and the worker options have passed, before the model is loaded
+    (the runner starts its dask cluster there, so both go on at once);
+    ``previous`` are the markers a resume would continue, else None.
     """
     check_input_volume(source)
     exists = volume_exists(target_path)
@@ -171,7 +172,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
 
         check_hdf5_writers(target_path, len(local_worker_envs(cfg.device, cfg.workers)))
     if on_paths_checked is not None:
-        on_paths_checked()
+        on_paths_checked(previous if previous is not None and not cfg.overwrite else None)
     mask = Mask.open(parse_volume_path(cfg.mask), source.spatial_shape) if cfg.mask is not None else None
     device = _client_device(cfg)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)

@@ -26,6 +26,7 @@ from .config import RunConfig
 from .errors import BlockFailedError, InvalidOptionError
 from .io import VolumePath, open_volume
 from .job import Job, run_job
+from .markers import DoneMarkers
 from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
 from .prepare import Prepared, create_output, model_key_of, prepare, resolve_paths
@@ -97,9 +98,10 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     cluster = None
     with contextlib.ExitStack() as stack:
 
-        def start_cluster() -> None:  # called by prepare once the input and output paths have passed
+        def start_cluster(previous: DoneMarkers | None) -> None:  # once the input and output paths have passed
             nonlocal cluster
-            if not cfg.local:
+            finished = previous is not None and len(previous.todo_ids()) == 0  # a resume with nothing left
+            if not cfg.local and not finished:
                 cluster = stack.enter_context(Cluster(cfg.device, cfg.workers, cfg.scheduler))
 
         with open_volume(source_path) as source:
