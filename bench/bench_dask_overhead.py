@@ -1,8 +1,9 @@
 """Overhead of the dask path against the in-process path, one worker, same volume.
 
 Runs ``blockpred.predict(..., local=True)`` (no dask) and
-``blockpred.predict(..., workers=1)`` (a local dask cluster with one worker
-process) alternately on the same EM-like volume and reports, per mode, the
+``blockpred.predict(..., workers=1)`` (a local dask cluster with one worker:
+a worker process before issue 12, a worker in this process since; use
+``--workers 2`` figures from other benches for worker processes) alternately on the same EM-like volume and reports, per mode, the
 pipeline seconds (first task to last result: what Mvox/s counts) and the wall
 seconds of the whole call (cluster start, model loading and dry run included).
 

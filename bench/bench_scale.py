@@ -12,14 +12,15 @@ one block, so exactly one block of ``--block`` (default 64,256,256) runs:
 Each run is the whole ``blockpred run`` command in its own process (the
 dask path unless ``--local``), timed from start to exit, with that process's
 peak resident set (the client's; dask workers are other processes) and the
-time of ``blockpred plan`` on the same volume; then the same command again
+time of ``blockpred plan`` on the same volume (``--repeats`` rounds, the
+sizes alternating; medians); then the same command again
 (a resume that finds everything finished), and the time to read the finished
 set once every block's id is in the done log (a resume's bulk read of
 millions of marks).  The
 claim under test: the client's work grows with the blocks that run, not with
 the volume.
 
-    python bench/bench_scale.py [--block 64,256,256] [--model tiny] [--local] [--dir /tmp/blockpred-scale]
+    python bench/bench_scale.py [--repeats 3] [--block 64,256,256] [--model tiny] [--local]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -76,6 +78,29 @@ def timed(command: list[str]) -> tuple[float, int, str]:
     return seconds, rss, result.stdout.strip()
 
 
+def measure(root: Path, name: str, source: str, mask: str, block: tuple[int, ...], args) -> dict:
+    """``plan``, ``run``, the same ``run`` again (resume), then the bulk read of a finished set of every block."""
+    target = str(root / f"{name}-prediction.zarr")
+    options = ["--mask", mask, "--block", args.block, "--model", args.model, "--device", "cpu"]
+    plan_s, plan_rss, _ = timed(["plan", source, target, *options])
+    run = ["run", source, target, *options, "--no-progress"] + (["--local"] if args.local else [])
+    run_s, run_rss, summary = timed(run)
+    resume_s, _, _ = timed(run)  # the same command again: everything is finished
+    # Every block marked done (as a finished unmasked run leaves it): the bulk read of a resume.
+    blocks = int(np.prod([-(-s // b) for s, b in zip(SIZES[name], block)]))
+    markers_dir = Path(target + ".blockpred") / "_root"
+    np.arange(blocks, dtype="<i8").tofile(markers_dir / "done" / "simulated.ids")
+    start = time.perf_counter()
+    left = DoneMarkers.open(markers_dir).todo_ids()
+    read_all_done_s = time.perf_counter() - start
+    assert len(left) == 0, len(left)
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(target + ".blockpred", ignore_errors=True)
+    return {"run_s": run_s, "client_peak_rss_gib": run_rss / 2**20, "plan_s": plan_s,
+            "plan_peak_rss_gib": plan_rss / 2**20, "resume_s": resume_s, "read_all_done_s": read_all_done_s,
+            "summary": summary.splitlines()[-1] if summary else ""}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block", default="64,256,256")
@@ -83,37 +108,29 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="run in the client process instead of on dask")
     parser.add_argument("--sizes", default="8.6G,8T", help=f"which of {', '.join(SIZES)} [all]")
     parser.add_argument("--dir", default="/tmp/blockpred-scale")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per size; medians are reported [3]")
     args = parser.parse_args()
     block = tuple(int(v) for v in args.block.split(","))
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    sizes = args.sizes.split(",")
+    volumes = {name: make_virtual(root, name, SIZES[name], block) for name in sizes}
+    runs: dict[str, list[dict]] = {name: [] for name in sizes}
+    for _ in range(args.repeats):  # the sizes alternate, so a slow spell of the machine hits both
+        for name in sizes:
+            runs[name].append(measure(root, name, *volumes[name], block, args))
+            print(json.dumps({"volume": name, **runs[name][-1]}), flush=True)
     rows = []
-    for name in args.sizes.split(","):
+    for name in sizes:
         shape = SIZES[name]
-        source, mask = make_virtual(root, name, shape, block)
-        target = str(root / f"{name}-prediction.zarr")
-        options = ["--mask", mask, "--block", args.block, "--model", args.model, "--device", "cpu"]
-        plan_s, plan_rss, plan_text = timed(["plan", source, target, *options])
-        run = ["run", source, target, *options, "--no-progress"] + (["--local"] if args.local else [])
-        run_s, run_rss, summary = timed(run)
-        blocks = int(np.prod([-(-s // b) for s, b in zip(shape, block)]))
-        resume_s, _, _ = timed(run)  # the same command again: everything is finished
-        # Every block marked done (as a finished unmasked run leaves it): the bulk read of a resume.
-        markers_dir = Path(target + ".blockpred") / "_root"
-        np.arange(blocks, dtype="<i8").tofile(markers_dir / "done" / "simulated.ids")
-        start = time.perf_counter()
-        left = DoneMarkers.open(markers_dir).todo_ids()
-        read_all_done_s = time.perf_counter() - start
-        assert len(left) == 0, len(left)
-        rows.append({"volume": name, "shape": shape, "tvox": round(float(np.prod(shape, dtype=float)) / 1e12, 4),
-                     "blocks": blocks, "run_s": round(run_s, 2), "client_peak_rss_gib": round(run_rss / 2**20, 3),
-                     "plan_s": round(plan_s, 2), "plan_peak_rss_gib": round(plan_rss / 2**20, 3),
-                     "resume_s": round(resume_s, 2), "read_all_done_s": round(read_all_done_s, 3),
-                     "summary": summary.splitlines()[-1] if summary else ""})
-        print(json.dumps(rows[-1]), flush=True)
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.rmtree(target + ".blockpred", ignore_errors=True)
+        row = {"volume": name, "shape": shape, "tvox": round(float(np.prod(shape, dtype=float)) / 1e12, 4),
+               "blocks": int(np.prod([-(-s // b) for s, b in zip(shape, block)]))}
+        for key in runs[name][0]:
+            if key != "summary":
+                row[key] = round(statistics.median(r[key] for r in runs[name]), 3)
+        row["summary"] = runs[name][-1]["summary"]
+        rows.append(row)
     report = {"date": date.today().isoformat(),
               "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
               "command": "python bench/bench_scale.py " + " ".join(sys.argv[1:]), "rows": rows}

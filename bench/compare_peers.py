@@ -6,7 +6,7 @@ worker a pickled copy of it):
 
 * ``blockpred (local)``: ``blockpred.predict(..., local=True)``, in this process;
 * ``blockpred (dask, 1 worker)``: ``blockpred.predict(..., workers=1)``, the
-  default path (a local dask cluster with one worker process);
+  default path (a local dask cluster; since issue 12 its one CPU worker runs in this process);
 * ``torch-em predict_with_halo`` and ``predict_with_halo_pipelined`` (the latter
   when the installed torch-em has it): same block shape and halo as blockpred,
   reading the zarr array lazily and writing a zarr array with the chunks and
