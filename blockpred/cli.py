@@ -38,8 +38,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", help="blocks per forward pass; auto: the fastest that fits [1]")
     g.add_argument("--compile", choices=("off", "default", "reduce-overhead", "max-autotune"),
                    help="torch.compile the network; reduce-overhead replays CUDA graphs [off]")
-    g.add_argument("--memory-format", choices=("contiguous", "channels_last"),
-                   help="activation layout; channels_last is channels_last_3d [contiguous]")
+    g.add_argument("--memory-format", choices=("contiguous", "channels_last", "auto"),
+                   help="activation layout; channels_last is channels_last_3d; auto: the faster of the two for "
+                        "this network and device, measured once and cached [contiguous]")
     g.add_argument("--readers", dest="num_readers", type=int,
                    help="reader threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--writers", dest="num_writers", type=int,

@@ -55,7 +55,8 @@ class RunConfig:
     batch_size: int | str = 1
     #: torch.compile mode: off, default, reduce-overhead (CUDA graphs) or max-autotune.
     compile: str = "off"
-    #: The network's activations as contiguous (NCDHW) or channels_last (NDHWC, channels_last_3d).
+    #: The network's activations as contiguous (NCDHW) or channels_last (NDHWC, channels_last_3d), or
+    #: auto: the faster of the two for this network and device, measured once (see blockpred.memformat).
     memory_format: str = "contiguous"
     normalize: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")
@@ -155,8 +156,9 @@ def _normalise(name: str, value: Any) -> Any:
             raise InvalidOptionError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {value!r}")
         return str(value).lower()
     if name == "memory_format":
-        if str(value).lower() not in MEMORY_FORMATS:
-            raise InvalidOptionError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {value!r}")
+        if str(value).lower() not in MEMORY_FORMATS + ("auto",):
+            raise InvalidOptionError(
+                f"memory_format must be one of {', '.join(MEMORY_FORMATS)} or auto, got {value!r}")
         return str(value).lower()
     if name == "shards":
         if value is False:

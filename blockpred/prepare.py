@@ -39,6 +39,7 @@ from .job import ModelSpec
 from .layout import OutputLayout, block_step, choose_layout
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
+from .memformat import FormatChoice, choose_memory_format
 from .network import NetworkGeometry, probe_network
 from .pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
 
@@ -141,6 +142,12 @@ class Prepared:
     previous: DoneMarkers | None
     #: For a new run with a mask: the boolean grid of the blocks it leaves out.
     masked: np.ndarray | None = None
+    #: What ``memory_format="auto"`` chose (None when a layout was named).
+    format_choice: FormatChoice | None = None
+
+    @property
+    def memory_format(self) -> str:
+        return self.format_choice.memory_format if self.format_choice is not None else self.cfg.memory_format
 
     @property
     def out_channels(self) -> int:
@@ -182,7 +189,11 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         raise ModelLoadError(
             f"network {model.name!r} takes {model.in_channels} input channel(s) but {source_path} has {in_channels}"
         )
-    predictor = Predictor(model.module, device, cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format)
+    if cfg.memory_format == "auto" and cfg.compile != "off":
+        raise InvalidOptionError("--memory-format auto measures both layouts uncompiled; with --compile name the "
+                                 "layout: --memory-format contiguous or channels_last")
+    predictor = Predictor(model.module, device, cfg.precision, compile=cfg.compile,
+                          memory_format=_start_format(cfg))
     resume_block = None
     if previous is not None and not cfg.overwrite and cfg.block == "auto" and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
@@ -206,8 +217,11 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                 f"pass --overwrite to start again, or choose another output"
             )
     masked = ~mask.coverage(plan) if mask is not None and not resumed else None
+    format_choice = None
+    if cfg.memory_format == "auto":
+        format_choice = _choose_format(cfg, model, predictor, (layout.batch_size, in_channels) + tuple(plan.input_shape))
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
-                    resumed, previous, masked)
+                    resumed, previous, masked, format_choice)
 
 
 def create_output(p: Prepared, source) -> DoneMarkers:
@@ -352,7 +366,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
         choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
-                                 cfg.compile, cfg.memory_format, problem, key)
+                                 cfg.compile, _start_format(cfg), problem, key)
     logger.info("auto size: %s", choice)
     return choice
 
@@ -365,6 +379,36 @@ def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compil
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
                           memory_format=memory_format)
     return choose_sizes(predictor, problem, model_key=key)
+
+
+def _start_format(cfg: RunConfig) -> str:
+    """The layout the client's predictor (and the size trials) start in: auto starts contiguous."""
+    return "contiguous" if cfg.memory_format == "auto" else cfg.memory_format
+
+
+def _choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...]) -> FormatChoice:
+    """``memory_format="auto"``: measured on this process's device, or with ``--scheduler`` on a worker's."""
+    key = model_key_of(cfg, model)
+    if cfg.scheduler is None:
+        choice = choose_memory_format(predictor, batch_shape, key)
+    else:
+        from .scheduler import run_on_a_worker
+
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+        choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, cfg.precision,
+                                 batch_shape, key)
+        predictor.use_memory_format(choice.memory_format)
+    logger.info("memory format: %s", choice)
+    return choice
+
+
+def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch_shape: tuple[int, ...],
+                             key: dict) -> FormatChoice:
+    """:func:`choose_memory_format` on a dask worker's device (its cache, too, is the worker's)."""
+    from .scheduler import worker_device
+
+    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision)
+    return choose_memory_format(predictor, batch_shape, key)
 
 
 def _valid_input_hint(model, output_shape: Coord) -> Coord | None:

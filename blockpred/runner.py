@@ -27,6 +27,7 @@ from .errors import BlockFailedError, InvalidOptionError
 from .io import VolumePath, open_volume
 from .job import Job, run_job
 from .markers import DoneMarkers
+from .memformat import FormatChoice
 from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
 from .prepare import Prepared, create_output, model_key_of, prepare, resolve_paths
@@ -53,6 +54,8 @@ class PredictionSummary:
     batch_size: int = 1
     #: What ``block="auto"`` / ``batch_size="auto"`` chose (None when not asked).
     sizing: SizeChoice | None = None
+    #: What ``memory_format="auto"`` chose (None when not asked).
+    memory_format: FormatChoice | None = None
 
     @property
     def mvox_per_s(self) -> float:
@@ -61,6 +64,8 @@ class PredictionSummary:
     def __str__(self) -> str:
         s = self.stats
         lines = [f"auto size: {self.sizing}"] if self.sizing is not None else []
+        if self.memory_format is not None:
+            lines.append(f"memory format: {self.memory_format}")
         for w in self.workers.values():
             lines.append(f"  worker {w.name} on {w.device}: {w.num_blocks} blocks, {w.mvox_per_s:.2f} Mvox/s")
         extra = []
@@ -108,14 +113,13 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
             p = prepare(cfg, source, source_path, target_path, on_paths_checked=start_cluster)
             markers = p.previous if p.resumed else create_output(p, source)
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
-                  device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=cfg.memory_format,
+                  device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
                   skip_empty=cfg.skip_empty)
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster)
     _record_throughput(p, summary)
-    sizing = p.layout.sizing
-    return dataclasses.replace(summary, sizing=sizing) if sizing is not None else summary
+    return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,

@@ -203,6 +203,16 @@ class Predictor:
             self._compute.wait_stream(torch.cuda.current_stream(device))  # the weights' copies
             self._pool = _PinnedPool()
 
+    def use_memory_format(self, memory_format: str) -> None:
+        """Switch the weights and the activations to ``memory_format`` (not with ``compile``: it would recompile)."""
+        if memory_format not in MEMORY_FORMATS:
+            raise InvalidOptionError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
+        if self.compile != "off" and memory_format != self.memory_format:
+            raise InvalidOptionError("the memory format of a compiled network is fixed; choose it with --memory-format")
+        layout = torch.channels_last_3d if memory_format == "channels_last" else torch.contiguous_format
+        self.module.to(memory_format=layout)
+        self.memory_format = memory_format
+
     def autocast(self):
         """The autocast context of this precision (a no-op for fp32 and tf32)."""
         dtype = _AUTOCAST_DTYPES.get(self.precision)

@@ -1,0 +1,72 @@
+"""``--memory-format auto``: the activation layout that runs this network fastest on this device, measured once.
+
+``channels_last_3d`` halves the time of one 3D U-Net and does nothing for
+another (issue 5 measured no gain on ``tiny``; a user's 12-feature U-Net ran
+2.1x faster on two CPU cores), so it is measured, not guessed: one warm-up
+and :data:`REPEATS` timed passes of the run's batch at the run's network input
+shape in each layout.  The faster wins when it is at least :data:`MIN_GAIN`
+faster, else ``contiguous``, the layout every network supports.  The choice is
+cached per model, weights, device, precision and shape in ``formats.json`` of
+the cache directory (:mod:`blockpred.cache`), so only the first run pays.
+Both layouts compute the same values (to float rounding): the choice is not
+part of a run's fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .autosize import device_key
+from .cache import JsonFile, default_cache_dir
+from .config import MEMORY_FORMATS
+from .pipeline import Predictor
+
+REPEATS = 2
+MIN_GAIN = 0.05
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    memory_format: str
+    #: Seconds per pass, per layout.
+    seconds: dict
+    cached: bool = False
+
+    def __str__(self) -> str:
+        times = ", ".join(f"{name} {s:.3f} s" for name, s in self.seconds.items())
+        return f"{self.memory_format} (per pass: {times}; {'cached' if self.cached else 'measured'})"
+
+
+def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], model_key: dict,
+                         cache: JsonFile | None = None) -> FormatChoice:
+    """The faster layout for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it."""
+    cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
+    key = json.dumps({"model": model_key, "device": device_key(predictor), "precision": predictor.precision,
+                      "compile": predictor.compile, "shape": list(batch_shape)}, sort_keys=True, default=str)
+    entry = cache.read().get(key)
+    if isinstance(entry, dict) and entry.get("memory_format") in MEMORY_FORMATS:
+        choice = FormatChoice(entry["memory_format"], dict(entry.get("seconds", {})), cached=True)
+    else:
+        seconds = {name: _seconds_per_pass(predictor, name, batch_shape) for name in MEMORY_FORMATS}
+        fastest = min(seconds, key=seconds.get)
+        winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds["contiguous"] else "contiguous"
+        choice = FormatChoice(winner, seconds)
+        entries = cache.read()
+        entries[key] = {"memory_format": winner, "seconds": seconds}
+        cache.write(entries, "the memory format choice")
+    predictor.use_memory_format(choice.memory_format)
+    return choice
+
+
+def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...]) -> float:
+    predictor.use_memory_format(memory_format)
+    batch = np.zeros(batch_shape, dtype=np.float32)
+    predictor(batch)  # warm-up: kernels chosen, memory allocated
+    start = time.perf_counter()
+    for _ in range(REPEATS):
+        predictor(batch)
+    return (time.perf_counter() - start) / REPEATS
