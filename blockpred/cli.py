@@ -40,7 +40,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    help="torch.compile the network; reduce-overhead replays CUDA graphs [off]")
     g.add_argument("--memory-format", choices=("contiguous", "channels_last", "auto"),
                    help="activation layout; channels_last is channels_last_3d; auto: the faster of the two for "
-                        "this network and device, measured once and cached [contiguous]")
+                        "this network and device, measured at the first run and cached [contiguous]")
     g.add_argument("--readers", dest="num_readers", type=int,
                    help="reader threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--writers", dest="num_writers", type=int,

@@ -56,7 +56,8 @@ class RunConfig:
     #: torch.compile mode: off, default, reduce-overhead (CUDA graphs) or max-autotune.
     compile: str = "off"
     #: The network's activations as contiguous (NCDHW) or channels_last (NDHWC, channels_last_3d), or
-    #: auto: the faster of the two for this network and device, measured once (see blockpred.memformat).
+    #: auto: the faster of the two for this network and device, measured at the first run and cached
+    #: (see blockpred.memformat).
     memory_format: str = "contiguous"
     normalize: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")

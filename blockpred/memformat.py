@@ -4,8 +4,11 @@
 another (issue 5 measured no gain on ``tiny``; a user's 12-feature U-Net ran
 2.1x faster on two CPU cores), so it is measured, not guessed: one warm-up
 and :data:`REPEATS` timed passes of the run's batch at the run's network input
-shape in each layout.  The faster wins when it is at least :data:`MIN_GAIN`
-faster, else ``contiguous``, the layout every network supports.  The choice is
+shape in each layout (the caller passes a batch of one block: the layouts
+compare the same at any batch, and one block fits where the run's batch may
+not; a layout that runs out of memory even so loses).  The faster wins when it
+is at least :data:`MIN_GAIN` faster, else ``contiguous``, the layout every
+network supports.  The choice is
 cached per model, weights, device, precision and shape in ``formats.json`` of
 the cache directory (:mod:`blockpred.cache`), so only the first run pays.
 Both layouts compute the same values (to float rounding): the choice is not
@@ -15,6 +18,7 @@ part of a run's fingerprint.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -23,7 +27,7 @@ import numpy as np
 from .autosize import device_key
 from .cache import JsonFile, default_cache_dir
 from .config import MEMORY_FORMATS
-from .pipeline import Predictor
+from .pipeline import Predictor, is_out_of_memory
 
 REPEATS = 2
 MIN_GAIN = 0.05
@@ -37,7 +41,8 @@ class FormatChoice:
     cached: bool = False
 
     def __str__(self) -> str:
-        times = ", ".join(f"{name} {s:.3f} s" for name, s in self.seconds.items())
+        times = ", ".join(f"{name} {s:.3f} s" if s is not None else f"{name} out of memory"
+                          for name, s in self.seconds.items())
         return f"{self.memory_format} (per pass: {times}; {'cached' if self.cached else 'measured'})"
 
 
@@ -54,6 +59,7 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
         seconds = {name: _seconds_per_pass(predictor, name, batch_shape) for name in MEMORY_FORMATS}
         fastest = min(seconds, key=seconds.get)
         winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds["contiguous"] else "contiguous"
+        seconds = {name: (s if math.isfinite(s) else None) for name, s in seconds.items()}  # JSON: no inf
         choice = FormatChoice(winner, seconds)
         entries = cache.read()
         entries[key] = {"memory_format": winner, "seconds": seconds}
@@ -63,10 +69,17 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
 
 
 def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...]) -> float:
+    """Seconds per pass in ``memory_format``; infinite when the batch does not fit the device in it."""
     predictor.use_memory_format(memory_format)
     batch = np.zeros(batch_shape, dtype=np.float32)
-    predictor(batch)  # warm-up: kernels chosen, memory allocated
-    start = time.perf_counter()
-    for _ in range(REPEATS):
-        predictor(batch)
+    try:
+        predictor(batch)  # warm-up: kernels chosen, memory allocated
+        start = time.perf_counter()
+        for _ in range(REPEATS):
+            predictor(batch)
+    except Exception as err:  # noqa: BLE001 - out of memory is an outcome; anything else is the network's error
+        if not is_out_of_memory(err):
+            raise
+        predictor.release_memory()
+        return math.inf
     return (time.perf_counter() - start) / REPEATS

@@ -155,8 +155,11 @@ class Prepared:
 
 
 def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
-            on_paths_checked: Callable[[DoneMarkers | None], None] | None = None) -> Prepared:
+            on_paths_checked: Callable[[DoneMarkers | None], None] | None = None, measure: bool = True) -> Prepared:
     """Every check and the plan; writes nothing (see :func:`create_output`).
+
+    ``measure=False`` (``blockpred plan``) leaves ``memory_format="auto"``
+    unmeasured: the run measures it (or finds it cached).
 
     ``on_paths_checked(previous)`` is called once the input, the output path,
     the ROI and the worker options have passed, before the model is loaded
@@ -218,8 +221,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
             )
     masked = ~mask.coverage(plan) if mask is not None and not resumed else None
     format_choice = None
-    if cfg.memory_format == "auto":
-        format_choice = _choose_format(cfg, model, predictor, (layout.batch_size, in_channels) + tuple(plan.input_shape))
+    if cfg.memory_format == "auto" and measure:
+        format_choice = _choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape))
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
                     resumed, previous, masked, format_choice)
 

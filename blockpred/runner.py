@@ -139,7 +139,7 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
         raise InvalidOptionError(f"GPU counts must be positive, got {list(gpus)}")
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
     with open_volume(source_path) as source:
-        p = prepare(cfg, source, source_path, target_path)
+        p = prepare(cfg, source, source_path, target_path, measure=False)
         volume_shape, dtype = source.spatial_shape, str(source.dtype)
     block_plan = p.layout.plan
     if p.resumed:
