@@ -1,52 +1,115 @@
 #!/usr/bin/env bash
-# Issue 5's GPU figures, in two device calls of under 10 minutes each on one H200:
-#   part 1: model-only cremi2018 at the seed's block, fp32/tf32/bf16/fp16, and the fast-path choices
-#           (channels_last, torch.compile) at bf16;
-#   part 2: end to end (`--pipeline`, GPU load sampled) at the seed's block and the auto-chosen one,
-#           and unet32 with auto sizing;
-#   part 3: the host-path ceiling on the machine's cores (issue 10's bench with the copy network on the GPU,
-#           beside tensorstore's raw read+write of the same data), at two block shapes.
-# Everything goes under $OUT (JSON, markdown tables, the log).  Not yet run: no GPU has been lent so far.
+# Issue 9's GPU figures and checks, in a few device calls of under 10 minutes each on one H100 or H200.
+# Parts (any number, run in the order given):
+#   env       the GPU, driver, torch and the two ceilings (device copy GB/s, bf16 matrix TFLOP/s)
+#   gputests  `pytest -m gpu`
+#   suite     the whole suite (SUITE_LIMIT seconds, 300 by default)
+#   model     model-only cremi2018 at the seed's block, fp32/tf32/bf16/fp16, and channels_last at bf16
+#   compile   torch.compile (default) at bf16 at the seed's block
+#   pseed     end to end (`bench --pipeline`, GPU load sampled) at the seed's block
+#   pauto     the same at the auto-chosen block and batch, and unet32 with auto sizing
+#   local     `blockpred run` on one GPU: --local against the dask path, same volume and block
+#   host      the host-path ceiling on the machine's cores (the copy network on the GPU, beside
+#             tensorstore's raw read+write of the same data), at two block shapes
+# Everything goes under $OUT (JSON, markdown tables, the log).
 #
 # From the repository root, through the device tool, with .whl in carry:
-#   bash ../shared/tools/device-wheels.sh        # once, on the development machine
-#   run(command="bash bench/gpu_fast_path.sh 1", carry=[".whl"], timeout_s=600)
-#   run(command="bash bench/gpu_fast_path.sh 2", carry=[".whl"], timeout_s=600)
+#   bash ../shared/tools/device-wheels.sh ome-zarr-models==1.7 ...   # once, on the development machine
+#   run(command="bash bench/gpu_fast_path.sh env gputests model", carry=[".whl"], timeout_s=600)
 # then copy the tables of $OUT/*.md into bench/RESULTS.md with the date and these commands.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_fast_path.sh 1|2|3}
+[ $# -ge 1 ] || { echo "usage: bash bench/gpu_fast_path.sh env|gputests|suite|model|compile|pseed|pauto|local|host ..." >&2; exit 2; }
 OUT=${OUT:-/tmp/blockpred-gpu}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export BLOCKPRED_CACHE_DIR=$OUT/cache
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu-$part.csv" 2>&1
+export BLOCKPRED_CACHE_DIR=$OUT/cache PYTHONUNBUFFERED=1
+log() { echo "$*" | tee -a "$OUT/log.txt"; }
 bench() {  # name, time limit in seconds, then blockpred bench options
   local name=$1 limit=$2; shift 2
-  echo "== $name: blockpred bench $*" | tee -a "$OUT/log.txt"
+  log "== $name: blockpred bench $*"
   local start=$SECONDS
   timeout "$limit" python3 -m blockpred bench "$@" --json "$OUT/$name.json" --markdown "$OUT/$name.md" \
-    >> "$OUT/log.txt" 2>&1 || echo "   exit $?" | tee -a "$OUT/log.txt"
-  echo "   $((SECONDS - start)) s" | tee -a "$OUT/log.txt"
+    >> "$OUT/log.txt" 2>&1 || log "   exit $?"
+  log "   $((SECONDS - start)) s"
 }
 # The seed's block: 65x675x675 in, 55x575x575 out; on cremi2018's (1, 3, 3) grid: 55x576x576, halo (5, 50, 50).
 SEED="--block 55,576,576 --halo 5,50,50"
-if [ "$part" = 1 ]; then
-  bench cremi-seed 240 --model cremi2018 $SEED --precision fp32,tf32,bf16,fp16 --iterations 10
-  bench cremi-channels-last 90 --model cremi2018 $SEED --precision bf16 --memory-format channels_last --iterations 10
-  bench cremi-compile 200 --model cremi2018 $SEED --precision bf16 --compile default --warmup 3 --iterations 10
-elif [ "$part" = 3 ]; then
-  for block in 64,256,256 128,512,512; do
-    echo "== host-path-$block: bench/bench_host_path.py --device cuda" | tee -a "$OUT/log.txt"
-    timeout 240 python3 bench/bench_host_path.py --device cuda --shape 512,1024,1024 --block "$block" --rounds 3 \
-      --dir /tmp/blockpred-host --json "$OUT/host-path-$block.json" >> "$OUT/log.txt" 2>&1 \
-      || echo "   exit $?" | tee -a "$OUT/log.txt"
-  done
-else
-  bench cremi-seed-pipeline 150 --model cremi2018 $SEED --precision bf16 --pipeline --volume-shape 110,2304,2304
-  bench cremi-auto-pipeline 220 --model cremi2018 --block auto --batch-size auto --precision bf16 \
-    --pipeline --volume-shape 220,2304,2304
-  bench unet32-auto 180 --model unet32 --block auto --batch-size auto --precision bf16,tf32 --pipeline \
-    --volume-shape 512,1024,1024
-fi
-tail -n 40 "$OUT/log.txt"
+for part in "$@"; do
+  case $part in
+  env)
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv \
+      >> "$OUT/log.txt" 2>&1
+    timeout 120 python3 - >> "$OUT/log.txt" 2>&1 <<'EOF'
+import os, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+      torch.cuda.get_device_name(), "cores", os.cpu_count())
+x = torch.empty(2**31, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+def timed(f, n):
+    for _ in range(3): f()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); [f() for _ in range(n)]; e.record(); torch.cuda.synchronize(); return s.elapsed_time(e) / 1e3 / n
+t = timed(lambda: y.copy_(x), 20); print(f"device copy {2 * x.numel() / t / 1e9:.0f} GB/s (read + write)")
+t = timed(lambda: a @ b, 20); print(f"bf16 matmul {2 * 8192**3 / t / 1e12:.0f} TFLOP/s")
+h = torch.empty(2**30, dtype=torch.uint8, pin_memory=True); d = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+t = timed(lambda: d.copy_(h, non_blocking=True), 10); print(f"host->device pinned {h.numel() / t / 1e9:.1f} GB/s")
+t = timed(lambda: h.copy_(d, non_blocking=True), 10); print(f"device->host pinned {h.numel() / t / 1e9:.1f} GB/s")
+EOF
+    ;;
+  gputests)
+    log "== pytest -m gpu"
+    timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests > "$OUT/pytest-gpu.txt" 2>&1
+    log "   exit $?: $(tail -n 1 "$OUT/pytest-gpu.txt")"
+    ;;
+  suite)
+    log "== pytest (whole suite)"
+    timeout "${SUITE_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest-all.txt" 2>&1
+    log "   exit $?: $(tail -n 1 "$OUT/pytest-all.txt")"
+    ;;
+  model)
+    bench cremi-seed 200 --model cremi2018 $SEED --precision fp32,tf32,bf16,fp16 --iterations 10
+    bench cremi-channels-last 90 --model cremi2018 $SEED --precision bf16,fp16 --memory-format channels_last \
+      --iterations 10
+    bench unet32-model 90 --model unet32 --block auto --batch-size auto --precision bf16 --volume-shape 512,1024,1024 \
+      --iterations 10
+    ;;
+  compile)
+    bench cremi-compile 240 --model cremi2018 $SEED --precision bf16 --compile default --warmup 3 --iterations 10
+    ;;
+  pseed)
+    bench cremi-seed-pipeline 150 --model cremi2018 $SEED --precision bf16 --pipeline --volume-shape 110,2304,2304
+    ;;
+  pauto)
+    bench cremi-auto-pipeline 220 --model cremi2018 --block auto --batch-size auto --precision bf16 \
+      --pipeline --volume-shape 220,2304,2304
+    bench unet32-auto 180 --model unet32 --block auto --batch-size auto --precision bf16 --pipeline \
+      --volume-shape 512,1024,1024
+    ;;
+  local)
+    timeout 120 python3 - <<'EOF' >> "$OUT/log.txt" 2>&1
+import numpy as np, zarr
+z = zarr.create_array("/tmp/bp-in.zarr", shape=(220, 2304, 2304), chunks=(64, 256, 256), dtype="uint8", overwrite=True)
+rng = np.random.default_rng(0)
+for k in range(0, 220, 55): z[k:k + 55] = rng.integers(0, 255, (min(55, 220 - k), 2304, 2304), dtype=np.uint8)
+EOF
+    for mode in --local ""; do
+      log "== blockpred run cremi2018 bf16 $SEED $mode"
+      start=$SECONDS
+      timeout 200 python3 -m blockpred run /tmp/bp-in.zarr /tmp/bp-out.zarr --model cremi2018 $SEED --precision bf16 \
+        --device cuda $mode --overwrite >> "$OUT/log.txt" 2>&1 || log "   exit $?"
+      log "   $((SECONDS - start)) s"
+    done
+    ;;
+  host)
+    for block in 64,256,256 128,512,512; do
+      log "== host-path-$block: bench/bench_host_path.py --device cuda"
+      timeout 240 python3 bench/bench_host_path.py --device cuda --shape 512,1024,1024 --block "$block" --rounds 3 \
+        --dir /tmp/blockpred-host --json "$OUT/host-path-$block.json" >> "$OUT/log.txt" 2>&1 \
+        || log "   exit $?"
+    done
+    ;;
+  *) log "unknown part $part" ;;
+  esac
+done
+tail -n 60 "$OUT/log.txt"
