@@ -33,8 +33,8 @@ bench() {  # name, time limit in seconds, then blockpred bench options
     >> "$OUT/log.txt" 2>&1 || log "   exit $?"
   log "   $((SECONDS - start)) s"
 }
-# The seed's block: 65x675x675 in, 55x575x575 out; on cremi2018's (1, 3, 3) grid: 55x576x576, halo (5, 50, 50).
-SEED="--block 55,576,576 --halo 5,50,50"
+# The seed's block: 65x675x675 in, 55x575x575 out; on cremi2018's (1, 27, 27) downsampling grid: 55x594x594, halo (5, 50, 50).
+SEED="--block 55,594,594 --halo 5,50,50"
 for part in "$@"; do
   case $part in
   env)
@@ -83,7 +83,7 @@ EOF
   pauto)
     bench cremi-auto-pipeline 220 --model cremi2018 --block auto --batch-size auto --precision bf16 \
       --pipeline --volume-shape 220,2304,2304
-    bench unet32-auto 180 --model unet32 --block auto --batch-size auto --precision bf16 --pipeline \
+    bench unet32-auto 260 --model unet32 --block auto --batch-size auto --precision bf16 --pipeline \
       --volume-shape 512,1024,1024
     ;;
   local)
@@ -96,15 +96,15 @@ EOF
     for mode in --local ""; do
       log "== blockpred run cremi2018 bf16 $SEED $mode"
       start=$SECONDS
-      timeout 200 python3 -m blockpred run /tmp/bp-in.zarr /tmp/bp-out.zarr --model cremi2018 $SEED --precision bf16 \
+      timeout ${LOCAL_LIMIT:-200} python3 -m blockpred run /tmp/bp-in.zarr /tmp/bp-out.zarr --model cremi2018 $SEED --precision bf16 \
         --device cuda $mode --overwrite >> "$OUT/log.txt" 2>&1 || log "   exit $?"
       log "   $((SECONDS - start)) s"
     done
     ;;
   host)
-    for block in 64,256,256 128,512,512; do
+    for block in ${HOST_BLOCKS:-64,256,256 128,512,512}; do
       log "== host-path-$block: bench/bench_host_path.py --device cuda"
-      timeout 240 python3 bench/bench_host_path.py --device cuda --shape 512,1024,1024 --block "$block" --rounds 3 \
+      timeout ${HOST_LIMIT:-240} python3 bench/bench_host_path.py --device cuda --shape 512,1024,1024 --block "$block" --rounds 3 \
         --dir /tmp/blockpred-host --json "$OUT/host-path-$block.json" >> "$OUT/log.txt" 2>&1 \
         || log "   exit $?"
     done
