@@ -91,6 +91,7 @@ def test_trials_on_a_real_network_respect_its_memory_and_are_cached(tmp_path):
     budget = 2 * 46**3  # block 26 at batch 2, or 32 (input 52^3) at batch 1, but not 42
     module = MemoryLimited(budget)
     predictor = Predictor(module, torch.device("cpu"))
+    module = predictor.module  # the predictor's own copy counts the passes
     prob = problem(roi=(48, 48, 48), base=26)
     cache = SizeCache(tmp_path / "sizes.json")
     key = {"name": "memory-limited"}

@@ -18,6 +18,7 @@ CPU the same steps run at once, in the caller's thread, with the same numbers.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import threading
@@ -180,7 +181,9 @@ class Predictor:
         self.precision = precision
         self.compile = compile
         self.memory_format = memory_format
-        self.module = module.to(device).eval()
+        # The predictor's own copy: casting weights, changing the layout and moving to the device must
+        # not reach the caller's module (the API's predict(model=net), several predictors on one model).
+        self.module = copy.deepcopy(module).to(device).eval()
         low = _AUTOCAST_DTYPES.get(precision)
         if low is not None:
             for layer in self.module.modules():
