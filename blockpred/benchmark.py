@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from .blocking import check_block_on_grid
 from .geometry import Coord
 from .monitor import DeviceMonitor
 from .pipeline import Predictor
@@ -140,6 +141,8 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
         chosen = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
         halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else DEFAULT_HALO)
         in_channels = loaded.in_channels or 1
+        if isinstance(block, Coord):  # the rule `run` applies, before any device time is spent
+            check_block_on_grid(chosen, loaded.downsampling)
         predictor = Predictor(loaded.module, target, precision, compile=compile, memory_format=memory_format)
         batches = list(batch_sizes)
         if block == "auto" or "auto" in batches:

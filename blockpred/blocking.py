@@ -128,6 +128,16 @@ def _check_positive(name: str, value: Coord, allow_zero: bool) -> None:
         raise InvalidOptionError(f"{name} must be {must} on every axis, got {tuple(value)}")
 
 
+def check_block_on_grid(block_shape: Coord, downsampling: Coord) -> None:
+    """A block must be a multiple of the network's downsampling (``run``, ``plan`` and ``bench`` alike)."""
+    block_shape, downsampling = Coord(block_shape), Coord(downsampling)
+    if not block_shape.is_multiple_of(downsampling):
+        raise InvalidOptionError(
+            f"block {tuple(block_shape)} is not a multiple of the network's downsampling {tuple(downsampling)}; "
+            f"use for example --block {','.join(map(str, block_shape.ceil_div(downsampling) * downsampling))}"
+        )
+
+
 def plan_blocks(
     *,
     volume_shape: Coord,
@@ -147,11 +157,7 @@ def plan_blocks(
     volume_shape, block_shape, halo, context = map(Coord, (volume_shape, block_shape, halo, context))
     _check_positive("block", block_shape, allow_zero=False)
     _check_positive("halo", halo, allow_zero=True)
-    if not block_shape.is_multiple_of(downsampling):
-        raise InvalidOptionError(
-            f"block {tuple(block_shape)} is not a multiple of the network's downsampling {tuple(downsampling)}; "
-            f"use for example --block {','.join(map(str, block_shape.ceil_div(downsampling) * downsampling))}"
-        )
+    check_block_on_grid(block_shape, downsampling)
     if chunk_shape is not None and not block_shape.is_multiple_of(chunk_shape):
         raise InvalidOptionError(
             f"block {tuple(block_shape)} is not a multiple of the output chunk shape {tuple(chunk_shape)}, "

@@ -61,3 +61,10 @@ def test_bench_plots_throughput_against_batch_size(tmp_path):
     assert main(["bench", "--model", "tiny", "--device", "cpu", "--block", "16", "--batch-size", "1,2",
                  "--precision", "fp32,bf16", "--iterations", "1", "--warmup", "1", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bench_refuses_a_block_off_the_networks_grid_as_run_does(capsys):
+    """Found on the H100: bench timed cremi2018 at 55,576,576, then --pipeline refused that block."""
+    assert main(["bench", "--model", "tiny", "--device", "cpu", "--block", "15,16,16", "--iterations", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "not a multiple of the network's downsampling (2, 2, 2)" in err and "--block 16,16,16" in err
