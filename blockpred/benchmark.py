@@ -135,14 +135,15 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     from .prepare import DEFAULT_BLOCK, DEFAULT_HALO
 
     target = resolve_device(device)
+    loaded = load_model(model, weights=weights)  # once: each predictor casts its own copy to its precision
+    given = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
+    halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else DEFAULT_HALO)
+    in_channels = loaded.in_channels or 1
+    if isinstance(block, Coord):  # the rule `run` applies, before any device time is spent
+        check_block_on_grid(given, loaded.downsampling)
     results = []
     for precision in precisions:
-        loaded = load_model(model, weights=weights)  # afresh: a predictor casts the weights to its precision
-        chosen = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
-        halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else DEFAULT_HALO)
-        in_channels = loaded.in_channels or 1
-        if isinstance(block, Coord):  # the rule `run` applies, before any device time is spent
-            check_block_on_grid(chosen, loaded.downsampling)
+        chosen = given
         predictor = Predictor(loaded.module, target, precision, compile=compile, memory_format=memory_format)
         batches = list(batch_sizes)
         if block == "auto" or "auto" in batches:

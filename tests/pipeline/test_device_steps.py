@@ -80,10 +80,6 @@ def test_bf16_weights_cast_once_give_the_numbers_of_autocast_casting_them_at_eve
 def test_a_predictor_leaves_the_callers_module_as_it_was():
     """Precision, layout and device are the predictor's own: the module passed in keeps its weights,
     dtype, layout and device (the API's ``predict(model=net)`` then ``net(x)`` on the CPU must still work)."""
-    import torch
-    from blockpred.models import build_preset
-    from blockpred.pipeline import Predictor
-
     net = build_preset("tiny")
     before = {k: v.clone() for k, v in net.state_dict().items()}
     Predictor(net, torch.device("cpu"), "bf16", memory_format="channels_last")
