@@ -8,7 +8,7 @@
 #   compile   torch.compile (default) at bf16 at the seed's block
 #   pseed     end to end (`bench --pipeline`, GPU load sampled) at the seed's block
 #   pauto     the same at the auto-chosen block and batch, and unet32 with auto sizing
-#   local     `blockpred run` on one GPU: --local against the dask path, same volume and block
+#   local     `blockpred run` on one GPU: the default (in this process) against --workers 1 (dask), same volume and block
 #   host      the host-path ceiling on the machine's cores (the copy network on the GPU, beside
 #             tensorstore's raw read+write of the same data), at two block shapes
 # Everything goes under $OUT (JSON, markdown tables, the log).
@@ -93,7 +93,7 @@ z = zarr.create_array("/tmp/bp-in.zarr", shape=(220, 2304, 2304), chunks=(64, 25
 rng = np.random.default_rng(0)
 for k in range(0, 220, 55): z[k:k + 55] = rng.integers(0, 255, (min(55, 220 - k), 2304, 2304), dtype=np.uint8)
 EOF
-    for mode in --local ""; do
+    for mode in "" "--workers 1"; do  # the default (in this process, one GPU) against one dask GPU worker
       log "== blockpred run cremi2018 bf16 $SEED $mode"
       start=$SECONDS
       timeout ${LOCAL_LIMIT:-200} python3 -m blockpred run /tmp/bp-in.zarr /tmp/bp-out.zarr --model cremi2018 $SEED --precision bf16 \

@@ -115,12 +115,16 @@ class SizeProblem:
     def input_shape(self, block: Coord) -> Coord:
         return block + (self.halo + self.context) * 2 + self.input_extra
 
-    def candidates(self) -> list[Coord]:
-        """Blocks from smallest to largest, each a multiple of the step, none above ``max_block``."""
+    def candidates(self, coarse: bool = False) -> list[Coord]:
+        """Blocks from smallest to largest, each a multiple of the step, none above ``max_block``.
+
+        ``coarse`` (the measured defaults): from the base block up, twice as long per axis each
+        step (eight times the voxels), so a few trials reach blocks that cover the region.
+        """
         if self.fixed_block is not None:
             return [self.fixed_block]
         seen: list[Coord] = []
-        for k in range(-9, 19):
+        for k in (range(0, 19, 3) if coarse else range(-9, 19)):
             factor = 2 ** (k / 3)
             block = Coord(min(math.ceil(b * factor / s) * s, m)
                           for b, s, m in zip(self.base_block, self.step, self.max_block))
@@ -140,11 +144,18 @@ def model_key(name: str, weights_sha256: str | None, kwargs: dict | None = None)
 
 
 def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2,
-                 budget_bytes: int | None = None) -> Callable[[Coord, int], Trial]:
-    """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome."""
+                 budget_bytes: int | None = None, quick: bool = False) -> Callable[[Coord, int], Trial]:
+    """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome.
+
+    ``quick`` (the measured defaults, right after the dry run at the first
+    candidate): one timed pass, after one warm-up pass on a GPU (cuDNN chooses
+    its kernels per shape) and none on a CPU.
+    """
     import torch
 
     cuda = predictor.device.type == "cuda"
+    repeats = 1 if quick else repeats
+    first_warmups, later_warmups = (int(cuda), int(cuda)) if quick else (3, 1)
     if cuda and budget_bytes is None:
         predictor.release_memory()
         free, _ = torch.cuda.mem_get_info(predictor.device)
@@ -159,7 +170,7 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         if cuda:
             torch.cuda.reset_peak_memory_stats(predictor.device)
         try:
-            for _ in range(1 if warmed else 3):  # warm-up: kernels chosen, memory grown
+            for _ in range(later_warmups if warmed else first_warmups):  # warm-up: kernels chosen, memory grown
                 _finish(predictor.submit([raw] * batch, steps))
             warmed = True
             start = time.perf_counter()
@@ -197,22 +208,32 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
-           max_total_s: float = 60.0, blocks_for_batch: int = 3) -> SizeChoice:
+           max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
-    Once the trials have taken ``max_total_s``, no new candidate is tried (the
-    best so far wins): on a slow device the search must not cost more than it saves.
+    No trial starts that would end after ``max_total_s`` (its time is
+    foreseen from the last trial's, scaled by the voxels of the pass; the best
+    so far wins): on a slow device the search must not cost more than it saves.
+    ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``.
     """
-    candidates = problem.candidates()
+    candidates = problem.candidates(coarse)
     batch = problem.fixed_batch or 1
     trials: list[Trial] = []
     started = time.perf_counter()
+    last: list[tuple[float, float]] = []  # (voxels of a pass, seconds the trial took), of the last trial
 
-    def out_of_time() -> bool:
-        return time.perf_counter() - started > max_total_s
+    def out_of_time(block: Coord | None = None, batch_size: int = 1) -> bool:
+        elapsed = time.perf_counter() - started
+        if block is None or not last:
+            return elapsed > max_total_s
+        voxels, seconds = last[-1]
+        foreseen = seconds * problem.input_shape(block).prod() * batch_size / voxels
+        return elapsed + foreseen > max_total_s
 
     def attempt(block: Coord, batch_size: int) -> Trial:
+        begin = time.perf_counter()
         trial = run(block, batch_size)
+        last[:] = [(problem.input_shape(block).prod() * batch_size, time.perf_counter() - begin)]
         trials.append(trial)
         logger.info("trial block %s batch %d: %s%s", "x".join(map(str, block)), batch_size, trial.outcome,
                     f", {trial.mvox_per_s:.2f} Mvox/s" if trial.fits else "")
@@ -224,8 +245,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     if first.fits:
         best, slower = score(first), 0
         for block in candidates[start + 1:]:
-            if trials[-1].seconds_per_pass > max_pass_s or out_of_time():
-                break  # a larger block would only be slower per pass: enough
+            if trials[-1].seconds_per_pass > max_pass_s or out_of_time(block, batch):
+                break  # a larger block would only be slower per pass, or the time is spent: enough
             trial = attempt(block, batch)
             if not trial.fits:
                 break
@@ -248,8 +269,10 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         largest = sorted({t.block for t in fitting}, key=lambda b: b.prod(), reverse=True)[:blocks_for_batch]
         for block in largest:
             best = max(score(t) for t in fitting if t.block == block)
+            blocks_in_region = (problem.roi.end.ceil_div(block) - problem.roi.begin // block).prod()
             batch_size = 2
-            while batch_size <= problem.max_batch and not out_of_time():
+            while (batch_size <= min(problem.max_batch, blocks_in_region)
+                   and not out_of_time(block, batch_size)):
                 trial = attempt(block, batch_size)
                 if not trial.fits or score(trial) < best * 1.02:
                     break  # does not fit, or a bigger batch no longer pays
@@ -321,16 +344,30 @@ def device_key(predictor: Predictor) -> dict:
 
 
 def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
-                 budget_bytes: int | None = None) -> SizeChoice:
-    """The cached choice for this model, device, precision and problem, else :func:`search` (then cached)."""
+                 budget_bytes: int | None = None, quick_s: float | None = None,
+                 cached_only: bool = False) -> SizeChoice | None:
+    """The cached choice for this model, device, precision and problem, else :func:`search` (then cached).
+
+    ``quick_s``: the measured defaults' search (coarse candidates, one pass
+    each, at most ``quick_s`` seconds), cached apart from the full one.
+    ``cached_only``: None instead of a search when nothing is cached.
+    """
     key = {"version": CACHE_VERSION, "model": model_key, "device": device_key(predictor),
            "precision": predictor.precision, "compile": predictor.compile, "memory_format": predictor.memory_format,
            "budget_bytes": budget_bytes, "problem": _problem_json(problem)}
+    if quick_s is not None:
+        key["search"] = "quick"
     cache = cache if cache is not None else SizeCache()
     cached = cache.get(key, problem)
     if cached is not None:
         return pick(problem, cached, cached=True)
-    choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes))
+    if cached_only:
+        return None
+    if quick_s is None:
+        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes))
+    else:
+        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True),
+                        max_total_s=quick_s, coarse=True)
     predictor.release_memory()
     cache.put(key, problem, choice.trials)
     return choice

@@ -27,7 +27,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    help="allow unpickling a whole checkpoint; this runs code from the file, so only for trusted files")
     g = parser.add_argument_group("blocks")
     g.add_argument("--block", help="block core Z,Y,X (or one number): what one block writes; auto: the fastest "
-                   "that fits the device, by trial passes (cached) [model's default]")
+                   "that fits the device, by a full trial search (cached) [measured from the model's default when "
+                   "the run is long enough to pay, a few seconds once per network and device]")
     g.add_argument("--halo", help="context Z,Y,X read around each block and cropped [model's default]")
     g.add_argument("--downsampling", help="the network's total downsampling Z,Y,X, for networks that cannot tell")
     g.add_argument("--roi", help="sub-volume z0:z1,y0:y1,x0:x1 to predict [whole volume]")
@@ -35,21 +36,25 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("device")
     g.add_argument("--device", help="auto, cpu, cuda or cuda:N [auto]")
     g.add_argument("--precision", choices=("fp32", "tf32", "fp16", "bf16"), help="[fp32]")
-    g.add_argument("--batch-size", help="blocks per forward pass; auto: the fastest that fits [1]")
+    g.add_argument("--batch-size", help="blocks per forward pass; auto: the fastest that fits [measured with the "
+                   "block, else 1]")
     g.add_argument("--compile", choices=("off", "default", "reduce-overhead", "max-autotune"),
                    help="torch.compile the network; reduce-overhead replays CUDA graphs [off]")
     g.add_argument("--memory-format", choices=("contiguous", "channels_last", "auto"),
                    help="activation layout; channels_last is channels_last_3d; auto: the faster of the two for "
-                        "this network and device, measured at the first run and cached [contiguous]")
+                        "this network and device, measured at the first run and cached [measured when the run "
+                        "is long enough to pay, else contiguous]")
     g.add_argument("--readers", dest="num_readers", type=int,
                    help="reader threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--writers", dest="num_writers", type=int,
                    help="writer threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--prefetch", type=int, help="blocks read ahead of the device [4]")
     g = parser.add_argument_group("workers (dask)")
-    g.add_argument("--workers", type=int, help="local workers [one per visible GPU, else 1]")
+    g.add_argument("--workers", type=int, help="local dask workers; 1 runs one worker through dask [one per "
+                   "visible GPU; with one GPU or none, the run goes in this process, without dask]")
     g.add_argument("--scheduler", help="address of a running dask scheduler to join (multi-node)")
-    g.add_argument("--local", action="store_true", default=None, help="run in this process, without dask")
+    g.add_argument("--local", action="store_true", default=None,
+                   help="run in this process, without dask [the default with one device and no --workers/--scheduler]")
     g.add_argument("--retries", type=int, help="retries of a failed task [2]")
     g.add_argument("--mask", help="volume (full size or downsampled) whose nonzero voxels mark where to predict")
     g.add_argument("--skip-empty", action="store_true", default=None,

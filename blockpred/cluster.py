@@ -30,8 +30,6 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import dask
-
 from .errors import InvalidOptionError
 
 
@@ -177,6 +175,8 @@ def _start_local_cluster(envs: list[dict[str, str]]):
 
     options = {"nthreads": 1, "silence_logs": logging.ERROR}
     workers = {f"blockpred-{i}": {"cls": Nanny, "options": {**options, "env": env}} for i, env in enumerate(envs)}
+    import dask
+
     with dask.config.set(_worker_environment(len(envs))):
         return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR, name="blockpred")
 

@@ -41,8 +41,9 @@ class RunConfig:
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: Allow unpickling a whole checkpoint (runs code from the file: only for trusted files).
     trust_pickle: bool = False
-    #: Block core shape (z, y, x): what one block writes.  None: the model's default, else 64^3;
-    #: "auto": the fastest that fits the device, found by trial passes (see :mod:`blockpred.autosize`).
+    #: Block core shape (z, y, x): what one block writes.  None: measured when the run is long enough
+    #: to pay for it, starting from the model's default (else 64^3; see :mod:`blockpred.defaults`);
+    #: "auto": the full search for the fastest that fits the device (see :mod:`blockpred.autosize`).
     block: Coord | str | None = None
     #: Context read on each side of the core and cropped away.  None: the model's default.
     halo: Coord | None = None
@@ -51,14 +52,16 @@ class RunConfig:
     #: "auto" (first CUDA device, else CPU), "cpu", "cuda" or "cuda:N".
     device: str = "auto"
     precision: str = "fp32"
-    #: Blocks per forward pass; "auto": the fastest that fits, found by trial passes.
-    batch_size: int | str = 1
+    #: Blocks per forward pass; "auto": the fastest that fits, found by trial passes; None: measured
+    #: with the block (see :mod:`blockpred.defaults`), else 1.
+    batch_size: int | str | None = None
     #: torch.compile mode: off, default, reduce-overhead (CUDA graphs) or max-autotune.
     compile: str = "off"
     #: The network's activations as contiguous (NCDHW) or channels_last (NDHWC, channels_last_3d), or
     #: auto: the faster of the two for this network and device, measured at the first run and cached
-    #: (see blockpred.memformat).
-    memory_format: str = "contiguous"
+    #: (see blockpred.memformat); None: the same, measured when the run is long enough to pay for it
+    #: (see blockpred.defaults), else contiguous; with compile, contiguous.
+    memory_format: str | None = None
     normalize: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")
     #: Output chunk shape (z, y, x); None: per axis the largest divisor of the block (or shard) <= 128.
@@ -83,9 +86,10 @@ class RunConfig:
     prefetch: int = 4
     overwrite: bool = False
     progress: bool = True
-    #: Run in this process, without dask (for debugging; one device).
+    #: Run in this process, without dask (one device).  A run with one device and no ``workers`` or
+    #: ``scheduler`` does so anyway (see :func:`blockpred.prepare.resolve_paths`).
     local: bool = False
-    #: Local dask workers: one per visible GPU by default, else one CPU worker.
+    #: Local dask workers: one per visible GPU by default; ``1`` runs one worker through dask.
     workers: int | None = None
     #: Address of a running dask scheduler to join instead of starting a local cluster.
     scheduler: str | None = None

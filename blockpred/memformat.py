@@ -47,16 +47,23 @@ class FormatChoice:
 
 
 def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], model_key: dict,
-                         cache: JsonFile | None = None) -> FormatChoice:
-    """The faster layout for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it."""
+                         cache: JsonFile | None = None, repeats: int = REPEATS,
+                         cached_only: bool = False) -> FormatChoice | None:
+    """The faster layout for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
+
+    ``repeats``: timed passes per layout (the measured defaults use one).
+    ``cached_only``: None instead of a measurement when nothing is cached.
+    """
     cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
     key = json.dumps({"model": model_key, "device": device_key(predictor), "precision": predictor.precision,
                       "compile": predictor.compile, "shape": list(batch_shape)}, sort_keys=True, default=str)
     entry = cache.read().get(key)
     if isinstance(entry, dict) and entry.get("memory_format") in MEMORY_FORMATS:
         choice = FormatChoice(entry["memory_format"], dict(entry.get("seconds", {})), cached=True)
+    elif cached_only:
+        return None
     else:
-        seconds = {name: _seconds_per_pass(predictor, name, batch_shape) for name in MEMORY_FORMATS}
+        seconds = {name: _seconds_per_pass(predictor, name, batch_shape, repeats) for name in MEMORY_FORMATS}
         fastest = min(seconds, key=seconds.get)
         winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds["contiguous"] else "contiguous"
         seconds = {name: (s if math.isfinite(s) else None) for name, s in seconds.items()}  # JSON: no inf
@@ -68,18 +75,18 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
     return choice
 
 
-def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...]) -> float:
+def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...], repeats: int) -> float:
     """Seconds per pass in ``memory_format``; infinite when the batch does not fit the device in it."""
     predictor.use_memory_format(memory_format)
     batch = np.zeros(batch_shape, dtype=np.float32)
     try:
         predictor(batch)  # warm-up: kernels chosen, memory allocated
         start = time.perf_counter()
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             predictor(batch)
     except Exception as err:  # noqa: BLE001 - out of memory is an outcome; anything else is the network's error
         if not is_out_of_memory(err):
             raise
         predictor.release_memory()
         return math.inf
-    return (time.perf_counter() - start) / REPEATS
+    return (time.perf_counter() - start) / repeats

@@ -60,6 +60,8 @@ class RunPlan:
     resumed: bool
     throughput: Throughput | None
     gpus: tuple[int, ...] = (1, 2, 4, 8)
+    #: How the block, batch and memory format the options left open were chosen (see blockpred.defaults).
+    defaults: str | None = None
 
     @property
     def num_todo(self) -> int:
@@ -94,6 +96,8 @@ class RunPlan:
             f"{self.output_files:,} {files} file{'' if self.output_files == 1 else 's'} for "
             f"{_voxels(self.voxels_to_predict)} to predict",
         ]
+        if self.defaults is not None:
+            lines.insert(2, f"chosen    {self.defaults}")
         if self.throughput is None:
             lines.append("runtime   unknown: no throughput measured for this network yet; "
                          "pass --assume-mvox-per-s, or run `blockpred bench` on the target device")

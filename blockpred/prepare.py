@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +25,7 @@ import numpy as np
 from .autosize import SizeChoice, SizeProblem, choose_sizes, model_key, probe_block
 from .blocking import BlockPlan, plan_blocks
 from .config import RunConfig, make_config
+from .defaults import FORMAT_PASSES, Defaults, measuring_budget
 from .errors import InvalidOptionError, ModelLoadError, OutputExistsError
 from .geometry import Coord
 from .io import (
@@ -39,6 +41,7 @@ from .job import ModelSpec
 from .layout import OutputLayout, block_step, choose_layout
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
+from .memformat import REPEATS as FORMAT_REPEATS
 from .memformat import FormatChoice, choose_memory_format
 from .network import NetworkGeometry, probe_network
 from .pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
@@ -108,8 +111,20 @@ def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Co
 
 
 def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, VolumePath, VolumePath]:
-    """The options as a config, and the input and output paths, checked against each other."""
+    """The options as a config, and the input and output paths, checked against each other.
+
+    With one device and neither ``workers`` nor ``scheduler``, the run is
+    ``local``: a dask cluster of one worker would add its start-up, a second
+    model load and (on a GPU) a second CUDA context, and give nothing back
+    (issue 9 measured one H100 at 0.83 of model-only speed in this process,
+    0.34 through one dask worker).  ``workers=1`` still runs through dask.
+    """
     cfg = make_config(config, **options)
+    if not cfg.local and cfg.workers is None and cfg.scheduler is None:
+        from .cluster import local_worker_envs
+
+        if len(local_worker_envs(cfg.device, None)) == 1:
+            cfg = cfg.replace(local=True)
     source_path = parse_volume_path(input)
     target_path = parse_volume_path(output) if output is not None else default_output_path(source_path)
     check_output_path(source_path, target_path)
@@ -142,12 +157,19 @@ class Prepared:
     previous: DoneMarkers | None
     #: For a new run with a mask: the boolean grid of the blocks it leaves out.
     masked: np.ndarray | None = None
-    #: What ``memory_format="auto"`` chose (None when a layout was named).
+    #: What ``memory_format="auto"`` (or the measured default) chose (None when a layout was named).
     format_choice: FormatChoice | None = None
 
     @property
     def memory_format(self) -> str:
-        return self.format_choice.memory_format if self.format_choice is not None else self.cfg.memory_format
+        if self.format_choice is not None:
+            return self.format_choice.memory_format
+        return self.cfg.memory_format or "contiguous"
+
+    @property
+    def defaults(self) -> Defaults | None:
+        """What the run chose for the block, batch and memory format it was not given (see :mod:`blockpred.defaults`)."""
+        return self.layout.defaults
 
     @property
     def out_channels(self) -> int:
@@ -158,8 +180,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
             on_paths_checked: Callable[[DoneMarkers | None], None] | None = None, measure: bool = True) -> Prepared:
     """Every check and the plan; writes nothing (see :func:`create_output`).
 
-    ``measure=False`` (``blockpred plan``) leaves ``memory_format="auto"``
-    unmeasured: the run measures it (or finds it cached).
+    ``measure=False`` (``blockpred plan``) leaves ``memory_format="auto"`` and
+    the measured defaults unmeasured (what is cached is used): the run
+    measures them.
 
     ``on_paths_checked(previous)`` is called once the input, the output path,
     the ROI and the worker options have passed, before the model is loaded
@@ -198,9 +221,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     predictor = Predictor(model.module, device, cfg.precision, compile=cfg.compile,
                           memory_format=_start_format(cfg))
     resume_block = None
-    if previous is not None and not cfg.overwrite and cfg.block == "auto" and previous.fingerprint.get("block"):
+    if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
-    layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path)
+    layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure)
     plan, geometry, output = layout.plan, layout.geometry, layout.output
     channels = _check_channels(cfg.channels, geometry)
     settings = PipelineSettings(
@@ -220,8 +243,10 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                 f"pass --overwrite to start again, or choose another output"
             )
     masked = ~mask.coverage(plan) if mask is not None and not resumed else None
-    format_choice = None
-    if cfg.memory_format == "auto" and measure:
+    format_choice = layout.format_choice
+    if format_choice is None and measure and (cfg.memory_format == "auto" or (
+            cfg.memory_format is None and cfg.compile == "off" and layout.defaults is None)):
+        # Asked for, or left to blockpred in a run that asked for size trials (--block/--batch-size auto).
         format_choice = _choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape))
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
                     resumed, previous, masked, format_choice)
@@ -293,14 +318,19 @@ class Layout:
     batch_size: int
     #: What ``--block auto`` / ``--batch-size auto`` chose, if asked.
     sizing: SizeChoice | None = None
+    #: What the measured defaults chose (None when block, batch and memory format were all named).
+    defaults: Defaults | None = None
+    #: The memory format the measured defaults chose, if they measured or found one.
+    format_choice: FormatChoice | None = None
 
 
 def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
-          target_path: VolumePath) -> Layout:
+                target_path: VolumePath, measure: bool = True) -> Layout:
     """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run."""
     downsampling = _downsampling(cfg, model)
     auto_block = cfg.block == "auto"
-    start_block = resume_block if auto_block and resume_block is not None else (None if auto_block else cfg.block)
+    start_block = resume_block if cfg.block in ("auto", None) and resume_block is not None else (
+        None if auto_block else cfg.block)
     block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape)
     searching = auto_block and resume_block is None
     base_block = block
@@ -320,14 +350,27 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
                 downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
     in_channels = source.num_channels or 1
+    started = time.perf_counter()
     geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
                              first_input=_valid_input_hint(model, block + halo * 2))
     if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
         # The dry run showed a valid network the model did not announce: drop the default halo.
         halo = Coord((0, 0, 0))
+        started = time.perf_counter()
         geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
-    batch_size, sizing = cfg.batch_size, None
-    if searching or batch_size == "auto":
+    dry_run_s = time.perf_counter() - started
+    batch_size, sizing, defaults, format_choice = cfg.batch_size, None, None, None
+    if not searching and batch_size != "auto" and (
+            cfg.block is None or batch_size is None or (cfg.memory_format is None and cfg.compile == "off")):
+        defaults, sizing, format_choice = _measured_defaults(
+            cfg, source, roi, model, predictor, block, halo, geometry, downsampling, dry_run_s,
+            block_named=cfg.block is not None or resume_block is not None, measure=measure)
+        batch_size = defaults.batch_size if defaults.batch_size is not None else batch_size
+        if defaults.block is not None and defaults.block != block:
+            block = defaults.block
+            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+                                     downsampling=downsampling, first_input=_valid_input_hint(model, block + halo * 2))
+    elif searching or batch_size == "auto":
         sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
                             fixed_block=None if searching else block)
         batch_size = sizing.batch_size
@@ -339,12 +382,66 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
                        chunk_shape=output.write_unit)
-    return Layout(plan, geometry, output, int(batch_size), sizing)
+    return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice)
+
+
+def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
+                       geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float, *, block_named: bool,
+                       measure: bool) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
+    """The block, batch and memory format the options leave open, measured within the run's budget.
+
+    ``block`` is the start block the dry run took ``dry_run_s`` on; see
+    :mod:`blockpred.defaults` for when and how much is measured.
+    """
+    want_block, want_batch = not block_named, cfg.batch_size is None
+    want_format = cfg.memory_format is None and cfg.compile == "off"
+    blocks = (roi.end.ceil_div(block) - roi.begin // block).prod()
+    in_channels = source.num_channels or 1
+    shape = (1, in_channels) + tuple(geometry.input_shape)
+    started = time.perf_counter()
+    spent = lambda: time.perf_counter() - started  # noqa: E731
+    estimated, pass_s = blocks * dry_run_s, dry_run_s
+    if measure and measuring_budget(estimated) > 0:
+        # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
+        predictor(np.zeros(shape, dtype=np.float32))
+        pass_s = spent()
+        estimated = blocks * pass_s
+    budget = measuring_budget(estimated) if measure else 0.0
+    format_choice = sizing = None
+    if want_format:
+        format_choice = _choose_format(cfg, model, predictor, shape, repeats=1,
+                                       cached_only=spent() + FORMAT_PASSES * pass_s > budget)
+    if want_block or want_batch:
+        sizing = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
+                            fixed_block=None if want_block else block, quick_s=budget - spent(),
+                            cached_only=budget - spent() <= 0)
+    measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
+    found = format_choice is not None or sizing is not None
+    if measured:
+        how = "measured"
+    elif found:
+        how = "cached"
+    elif not measure:
+        how = "not measured yet: the run measures"
+    else:
+        how = (f"not measured: the run is estimated at {estimated:.1f} s at the start block, too short "
+               f"for measuring to pay")
+    defaults = Defaults(
+        block=(sizing.block if sizing is not None else block) if want_block else None,
+        batch_size=(sizing.batch_size if sizing is not None else 1) if want_batch else None,
+        memory_format=(format_choice.memory_format if format_choice is not None else "contiguous")
+        if want_format else None,
+        estimated_run_s=estimated, measured_s=spent() if measured else 0.0, how=how)
+    return defaults, sizing, format_choice
 
 
 def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
-               halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None) -> SizeChoice:
+               halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None,
+               quick_s: float | None = None, cached_only: bool = False) -> SizeChoice | None:
     """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
+
+    ``quick_s`` / ``cached_only``: the measured defaults' search (see
+    :func:`blockpred.autosize.choose_sizes`); None when ``cached_only`` finds nothing.
 
     With ``--scheduler`` the trials run on one of the cluster's workers, whose
     device the blocks will run on; otherwise on this process's device.
@@ -359,59 +456,65 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         input_extra=geometry.input_shape - (block + (halo + geometry.context) * 2), step=step,
         base_block=base_block, roi=roi,
         steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
-        fixed_block=fixed_block, fixed_batch=None if cfg.batch_size == "auto" else cfg.batch_size,
+        fixed_block=fixed_block, fixed_batch=None if cfg.batch_size in ("auto", None) else cfg.batch_size,
     )
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
-        choice = choose_sizes(predictor, problem, model_key=key)
+        choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only)
     else:  # the trials belong on the workers' devices, which this machine may not have
         from .scheduler import run_on_a_worker
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
         choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
-                                 cfg.compile, _start_format(cfg), problem, key)
-    logger.info("auto size: %s", choice)
+                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only)
+    logger.info("sizes: %s", choice)
     return choice
 
 
 def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
-                            problem: SizeProblem, key: dict) -> SizeChoice:
+                            problem: SizeProblem, key: dict, quick_s: float | None,
+                            cached_only: bool) -> SizeChoice | None:
     """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
     from .scheduler import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
                           memory_format=memory_format)
-    return choose_sizes(predictor, problem, model_key=key)
+    return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only)
 
 
 def _start_format(cfg: RunConfig) -> str:
-    """The layout the client's predictor (and the size trials) start in: auto starts contiguous."""
-    return "contiguous" if cfg.memory_format == "auto" else cfg.memory_format
+    """The layout the client's predictor (and the size trials) start in: auto and unnamed start contiguous."""
+    return "contiguous" if cfg.memory_format in ("auto", None) else cfg.memory_format
 
 
-def _choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...]) -> FormatChoice:
-    """``memory_format="auto"``: measured on this process's device, or with ``--scheduler`` on a worker's."""
+def _choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
+                   repeats: int = FORMAT_REPEATS, cached_only: bool = False) -> FormatChoice | None:
+    """The faster memory format, measured on this process's device, or with ``--scheduler`` on a worker's.
+
+    None when ``cached_only`` finds nothing cached.
+    """
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
-        choice = choose_memory_format(predictor, batch_shape, key)
+        choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only)
     else:
         from .scheduler import run_on_a_worker
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
         choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, cfg.precision,
-                                 batch_shape, key)
-        predictor.use_memory_format(choice.memory_format)
+                                 batch_shape, key, repeats, cached_only)
+        if choice is not None:
+            predictor.use_memory_format(choice.memory_format)
     logger.info("memory format: %s", choice)
     return choice
 
 
 def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch_shape: tuple[int, ...],
-                             key: dict) -> FormatChoice:
+                             key: dict, repeats: int, cached_only: bool) -> FormatChoice | None:
     """:func:`choose_memory_format` on a dask worker's device (its cache, too, is the worker's)."""
     from .scheduler import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision)
-    return choose_memory_format(predictor, batch_shape, key)
+    return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only)
 
 
 def _valid_input_hint(model, output_shape: Coord) -> Coord | None:

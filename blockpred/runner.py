@@ -15,14 +15,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .autosize import SizeChoice
 from .blocking import Block, BlockPlan
-from .cluster import Cluster
 from .config import RunConfig
+from .defaults import Defaults
 from .errors import BlockFailedError, InvalidOptionError
 from .io import VolumePath, open_volume
 from .job import Job, run_job
@@ -32,6 +32,9 @@ from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
 from .prepare import Prepared, create_output, model_key_of, prepare, resolve_paths
 from .progress import ProgressBar
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +57,10 @@ class PredictionSummary:
     batch_size: int = 1
     #: What ``block="auto"`` / ``batch_size="auto"`` chose (None when not asked).
     sizing: SizeChoice | None = None
-    #: What ``memory_format="auto"`` chose (None when not asked).
+    #: What ``memory_format="auto"`` (or the measured defaults) chose (None when not asked).
     memory_format: FormatChoice | None = None
+    #: What the run chose for the block, batch and memory format it was not given (see :mod:`blockpred.defaults`).
+    defaults: Defaults | None = None
 
     @property
     def mvox_per_s(self) -> float:
@@ -63,8 +68,10 @@ class PredictionSummary:
 
     def __str__(self) -> str:
         s = self.stats
-        lines = [f"auto size: {self.sizing}"] if self.sizing is not None else []
-        if self.memory_format is not None:
+        lines = [f"chosen: {self.defaults}"] if self.defaults is not None else []
+        if self.sizing is not None and self.defaults is None:
+            lines.append(f"auto size: {self.sizing}")
+        if self.memory_format is not None and (self.defaults is None or self.defaults.memory_format is None):
             lines.append(f"memory format: {self.memory_format}")
         for w in self.workers.values():
             lines.append(f"  worker {w.name} on {w.device}: {w.num_blocks} blocks, {w.mvox_per_s:.2f} Mvox/s")
@@ -107,6 +114,8 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
             nonlocal cluster
             finished = previous is not None and len(previous.todo_ids()) == 0  # a resume with nothing left
             if not cfg.local and not finished:
+                from .cluster import Cluster
+
                 cluster = stack.enter_context(Cluster(cfg.device, cfg.workers, cfg.scheduler))
 
         with open_volume(source_path) as source:
@@ -119,7 +128,7 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster)
     _record_throughput(p, summary)
-    return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice)
+    return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
@@ -156,7 +165,8 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
     return RunPlan(str(source_path), str(target_path), p.model.name, str(p.predictor.device), cfg.precision,
                    volume_shape, dtype, block_plan, p.settings.batch_size, p.out_channels, cfg.output_dtype.name,
                    p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
-                   voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus))
+                   voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus),
+                   str(p.defaults) if p.defaults is not None else None)
 
 
 def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
@@ -170,7 +180,7 @@ def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
 
 
 def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str, target: str,
-             resumed: bool, cluster: Cluster | None) -> PredictionSummary:
+             resumed: bool, cluster: "Cluster | None") -> PredictionSummary:
     plan, markers = job.plan, job.markers
     todo = markers.todo_ids()  # in bulk: one boolean per block, never a Python object per block
     # A fresh run's masked-out blocks are this run's skips; a resumed run finds them finished.
@@ -216,7 +226,7 @@ def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) 
     raise AssertionError("unreachable")
 
 
-def _run_on_dask(job: Job, todo, cluster: Cluster, retries: int, on_progress) -> tuple[RunStats, dict]:
+def _run_on_dask(job: Job, todo, cluster: "Cluster", retries: int, on_progress) -> tuple[RunStats, dict]:
     from .scheduler import run_distributed
 
     def dashboard(link: str) -> None:

@@ -15,12 +15,14 @@ class Logged(torch.nn.Module):
     ``delay_s`` slows each pass down so a test can act mid-run.
     """
 
-    def __init__(self, log_path: str, delay_s: float = 0.0):
+    def __init__(self, log_path: str, delay_s: float = 0.0, default_block: int | None = None):
         super().__init__()
         self.net = build_preset("tiny")
         self.log_path, self.delay_s = log_path, delay_s
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
+        if default_block is not None:
+            self.default_block = (default_block,) * 3
 
     def forward(self, x):
         if self.delay_s:
@@ -49,8 +51,8 @@ class FailsOnMarker(torch.nn.Module):
         return x * 0.5
 
 
-def logged(log_path: str, delay_s: float = 0.0) -> Logged:
-    return Logged(log_path, delay_s)
+def logged(log_path: str, delay_s: float = 0.0, default_block: int | None = None) -> Logged:
+    return Logged(log_path, delay_s, default_block)
 
 
 def fails_on_marker(fault_file: str) -> FailsOnMarker:

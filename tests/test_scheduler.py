@@ -22,6 +22,12 @@ from tests.helpers import write_test_volume
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: These tests are about scheduling: they name the batch and the layout, so that no measuring runs
+#: (it would run the instrumented networks in the client) and batches never group blocks differently
+#: between runs (CPU kernels round the last bit differently per batch size).
+PINNED = {"batch_size": 1, "memory_format": "contiguous"}
+
+
 def read_all(path: str) -> np.ndarray:
     volume = open_volume(path)
     return volume.read(volume.box)
@@ -41,7 +47,7 @@ def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
     outputs = []
     for workers in (1, 2, 3):
         out = str(tmp_path / f"out{workers}.zarr")
-        summary = blockpred.predict(source, out, block=16, halo=10, workers=workers, progress=False)
+        summary = blockpred.predict(source, out, block=16, halo=10, workers=workers, progress=False, **PINNED)
         assert len(summary.workers) == workers and summary.stats.num_blocks == 2 * 4 * 5
         outputs.append(read_all(out))
     assert outputs[0].dtype == np.float32
@@ -50,7 +56,7 @@ def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
 
 def _config(tmp_path, **model_kwargs) -> str:
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"model_kwargs": model_kwargs, "block": 16, "halo": 10}))
+    path.write_text(yaml.safe_dump({"model_kwargs": model_kwargs, "block": 16, "halo": 10, **PINNED}))
     return str(path)
 
 
@@ -199,7 +205,8 @@ def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skippe
     full = str(tmp_path / "full.zarr")
     blockpred.predict(source, full, block=16, halo=10, local=True, progress=False)
     out = str(tmp_path / "out.zarr")
-    summary = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, workers=2, progress=False)
+    summary = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, workers=2, progress=False,
+                                **PINNED)
     assert summary.stats.num_blocks == 2 and summary.stats.num_skipped == 30
     markers = markers_of(out)
     assert {tuple(i) for i in markers.done_indices()} == {(0, 0, 0), (1, 3, 2)}
@@ -238,7 +245,7 @@ def test_a_slow_worker_keeps_few_blocks_and_the_fast_one_takes_over_the_rest(tmp
     clean = str(tmp_path / "clean.zarr")
     blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False)
     out = str(tmp_path / "out.zarr")
-    summary = blockpred.predict(source, out, block=16, halo=10, workers=2, progress=False,
+    summary = blockpred.predict(source, out, block=16, halo=10, workers=2, progress=False, **PINNED,
                                 model="tests.networks:uneven",
                                 model_kwargs={"claim_file": str(tmp_path / "slow"), "delay_s": 1.0})
     counts = sorted(w.num_blocks for w in summary.workers.values())
@@ -269,7 +276,7 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
             try:
                 result["summary"] = blockpred.predict(
                     source, out, block=16, halo=10, device="cpu", scheduler=cluster.scheduler_address,
-                    progress=False, model="tests.networks:gated",
+                    progress=False, model="tests.networks:gated", **PINNED,
                     model_kwargs={"gate_file": str(gate), "delay_s": 0.05})
             except BaseException as err:  # noqa: BLE001 - reported by the assertion below
                 result["error"] = err
@@ -298,13 +305,16 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
     np.testing.assert_array_equal(read_all(out), read_all(clean))
 
 
-@pytest.mark.parametrize("workers, in_this_process", [(None, True), (2, False)])
-def test_one_cpu_worker_runs_in_the_client_process_and_several_are_processes(tmp_path, workers, in_this_process):
+@pytest.mark.parametrize("workers, through_dask, in_this_process", [(None, False, True), (1, True, True),
+                                                                    (2, True, False)])
+def test_one_cpu_runs_in_the_client_process_and_several_workers_are_processes(tmp_path, workers, through_dask,
+                                                                            in_this_process):
+    """No --workers on a machine without a GPU: no dask at all; --workers 1: one dask worker in this process."""
     source = random_volume(tmp_path, (16, 32, 64))  # 8 blocks of 16^3
     log = tmp_path / "pids.log"
     summary = blockpred.predict(source, str(tmp_path / "out.zarr"), block=16, halo=4, workers=workers,
                                 device="cpu", progress=False, model="tests.networks:pid_logged",
-                                model_kwargs={"log_path": str(log)})
+                                model_kwargs={"log_path": str(log)}, **PINNED)
     pids = {int(p) for p in log.read_text().split()}
-    assert len(summary.workers) == (workers or 1) and summary.stats.num_blocks == 8
+    assert len(summary.workers) == (workers if through_dask else 0) and summary.stats.num_blocks == 8
     assert (pids == {os.getpid()}) is in_this_process, pids

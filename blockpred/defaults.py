@@ -1,0 +1,70 @@
+"""The block, batch and memory format of a run whose options do not name them: measured when it pays.
+
+A user who names no ``--block``, ``--batch-size`` or ``--memory-format``
+gets what runs this network fastest on this device, found by a few short
+passes (:func:`blockpred.autosize.choose_sizes` with ``quick_s``,
+:func:`blockpred.memformat.choose_memory_format` with one pass per layout)
+and cached per model, weights, device and precision, so only the first run
+pays.  Measuring is bounded by the run it serves: one pass at the start
+block (timed after the dry run), times the blocks that block needs,
+estimates the run; a run estimated under :data:`MIN_RUN_S` is not measured
+at all (the start block, batch 1, contiguous: there is little to gain), and
+a longer one may spend :data:`FIRST_RUN_S`, or :data:`BUDGET_FRACTION` of
+its estimate where that is more, at most :data:`MAX_BUDGET_S`.  A first run
+may pay more than it gains; the runs after it pay nothing.  The memory
+format is measured first, at the start block (four passes), and only when
+those fit the budget; the sizes then search the rest of it (the search
+starts no trial it foresees ending past the budget).  A named option is never measured or
+changed.  Different layouts, batches and blocks give the same values up to
+float rounding (and, for blocks, up to what the halo covers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .geometry import Coord
+
+#: Runs estimated shorter than this (seconds, at the start block) are not measured.
+MIN_RUN_S = 2.0
+#: Seconds any measured run may spend measuring ...
+FIRST_RUN_S = 5.0
+#: ... or this share of the estimated run, where that is more ...
+BUDGET_FRACTION = 0.25
+#: ... but never more than this many seconds.
+MAX_BUDGET_S = 10.0
+#: Passes the memory format measurement takes (one warm-up and one timed pass per layout).
+FORMAT_PASSES = 4
+
+
+def measuring_budget(estimated_run_s: float) -> float:
+    """Seconds the defaults may spend measuring for a run estimated at ``estimated_run_s``."""
+    if estimated_run_s < MIN_RUN_S:
+        return 0.0
+    return min(MAX_BUDGET_S, max(FIRST_RUN_S, BUDGET_FRACTION * estimated_run_s))
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What the run chose for the options it was not given, and how (a line of the summary)."""
+
+    block: Coord | None
+    batch_size: int | None
+    memory_format: str | None
+    #: The run's estimate at the start block (seconds), which bounds the measuring.
+    estimated_run_s: float
+    #: Seconds spent measuring (0 when cached or not measured).
+    measured_s: float
+    #: "measured", "cached" or why nothing was measured.
+    how: str
+
+    def __str__(self) -> str:
+        chosen = [f"block {'x'.join(map(str, self.block))}" if self.block is not None else None,
+                  f"batch {self.batch_size}" if self.batch_size is not None else None,
+                  self.memory_format]
+        what = ", ".join(c for c in chosen if c)
+        if self.how == "measured":
+            how = f"measured in {self.measured_s:.1f} s for a run estimated at {self.estimated_run_s:.1f} s"
+        else:
+            how = self.how
+        return f"{what} ({how})"

@@ -1,0 +1,141 @@
+"""Measured defaults: block, batch and memory format chosen when not named, once per network, never over a name.
+
+The runs use ``tests.networks:logged`` with a delay per forward pass, so a
+small volume is estimated long enough to be measured while the test stays
+quick; the network logs every non-zero input block it sees, which shows
+whether a run measured (trial passes on random data) or not.
+"""
+
+import numpy as np
+import pytest
+import yaml
+
+import blockpred
+from blockpred.autosize import SizeProblem, Trial, search
+from blockpred.cli import main
+from blockpred.defaults import MAX_BUDGET_S, MIN_RUN_S, measuring_budget
+from blockpred.geometry import Box, Coord
+from blockpred.io import open_volume
+from tests.helpers import write_test_volume
+
+DELAY_S = 0.1  # x 32 blocks of 16^3: a run estimated at over 3 s, over the measuring threshold
+
+
+def _read(path: str) -> np.ndarray:
+    with open_volume(path) as volume:
+        return volume.read(volume.box)
+
+
+@pytest.fixture
+def source(tmp_path) -> str:
+    data = np.random.default_rng(3).integers(0, 255, (32, 64, 64), dtype=np.uint8)
+    return write_test_volume(str(tmp_path / "in.zarr"), data)
+
+
+def _slow(tmp_path, name: str, **kwargs) -> dict:
+    return dict(model="tests.networks:logged", halo=10, progress=False,
+                model_kwargs={"log_path": str(tmp_path / name), "delay_s": DELAY_S, "default_block": 16, **kwargs})
+
+
+def _logged(tmp_path, name: str) -> list[str]:
+    return (tmp_path / name).read_text().split()
+
+
+def test_a_first_run_measures_and_a_second_run_of_the_same_network_measures_nothing(tmp_path, source):
+    # The same model (its kwargs, log path included, are part of what the cache tells apart).
+    first = blockpred.predict(source, str(tmp_path / "a.zarr"), **_slow(tmp_path, "run.log"))
+    seen_by_first = len(_logged(tmp_path, "run.log"))
+    second = blockpred.predict(source, str(tmp_path / "b.zarr"), **_slow(tmp_path, "run.log"))
+    seen_by_second = _logged(tmp_path, "run.log")[seen_by_first:]
+
+    assert first.defaults.how == "measured" and first.defaults.measured_s > 0
+    assert first.defaults.measured_s <= measuring_budget(first.defaults.estimated_run_s) + 2 * DELAY_S
+    assert first.defaults.block is not None and first.defaults.batch_size is not None
+    assert first.defaults.memory_format in ("contiguous", "channels_last")
+    assert seen_by_first > first.stats.num_blocks  # the trials ran the network on random data
+    assert second.defaults.how == "cached" and second.defaults.measured_s == 0
+    assert (second.defaults.block, second.defaults.batch_size, second.defaults.memory_format) == (
+        first.defaults.block, first.defaults.batch_size, first.defaults.memory_format)
+    assert len(seen_by_second) == len(set(seen_by_second)) == second.stats.num_blocks  # the blocks, nothing else
+    assert second.plan.block_shape == first.defaults.block and second.batch_size == first.defaults.batch_size
+    assert str(second).splitlines()[0].startswith("chosen: block ") and "(cached)" in str(second)
+
+
+def test_the_measured_defaults_predict_what_batch_1_contiguous_at_the_same_block_does(tmp_path, source):
+    chosen = blockpred.predict(source, str(tmp_path / "chosen.zarr"), **_slow(tmp_path, "a.log"))
+    plain = blockpred.predict(source, str(tmp_path / "plain.zarr"), block=chosen.plan.block_shape, batch_size=1,
+                              memory_format="contiguous", **_slow(tmp_path, "b.log"))
+    assert plain.defaults is None
+    np.testing.assert_allclose(_read(chosen.output), _read(plain.output), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("named", [dict(block=8), dict(batch_size=3), dict(memory_format="channels_last")])
+def test_a_named_block_batch_or_memory_format_is_never_measured_or_changed(tmp_path, source, named):
+    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), **named, **_slow(tmp_path, "run.log"))
+    if "block" in named:
+        assert summary.plan.block_shape == Coord((named["block"],) * 3)
+    if "batch_size" in named:
+        assert summary.batch_size == named["batch_size"]
+    if "memory_format" in named:
+        assert summary.memory_format is None  # not measured: the named layout is used as it is
+    left_open = {"block", "batch_size", "memory_format"} - set(named)
+    assert all(getattr(summary.defaults, key) is None for key in named)
+    assert all(getattr(summary.defaults, key) is not None for key in left_open)
+
+
+def test_the_cli_names_what_it_chose_and_a_named_option_wins(tmp_path, source, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model": "tests.networks:logged", "halo": 10, "model_kwargs": {
+        "log_path": str(tmp_path / "cli.log"), "delay_s": DELAY_S, "default_block": 16}}))
+    assert main(["run", source, str(tmp_path / "a.zarr"), "--config", str(config), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: block " in out and "measured in " in out
+    seen = len((tmp_path / "cli.log").read_text().split())
+    assert main(["run", source, str(tmp_path / "b.zarr"), "--config", str(config), "--no-progress",
+                 "--batch-size", "1", "--memory-format", "contiguous", "--block", "16"]) == 0
+    assert "chosen" not in capsys.readouterr().out
+    assert len((tmp_path / "cli.log").read_text().split()) - seen == 32  # the 32 blocks; no trial ran
+
+
+def test_a_run_too_short_to_pay_is_not_measured(tmp_path):
+    data = np.random.default_rng(1).integers(0, 255, (16, 32, 32), dtype=np.uint8)
+    source = write_test_volume(str(tmp_path / "in.zarr"), data)
+    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), block=16, halo=4, progress=False)
+    assert summary.defaults.how.startswith("not measured: the run is estimated at")
+    assert (summary.defaults.batch_size, summary.defaults.memory_format) == (1, "contiguous")
+    assert summary.batch_size == 1
+
+
+def test_a_resume_keeps_the_block_the_run_started_with(tmp_path, source):
+    out = str(tmp_path / "out.zarr")
+    first = blockpred.predict(source, out, **_slow(tmp_path, "run.log"))
+    again = blockpred.predict(source, out, **_slow(tmp_path, "run.log"))  # no --overwrite: a resume, nothing left
+    assert again.plan.block_shape == first.plan.block_shape
+    assert again.num_resumed == first.plan.num_blocks
+
+
+def test_the_budget_is_nothing_below_the_threshold_a_few_seconds_above_and_capped():
+    assert measuring_budget(MIN_RUN_S * 0.99) == 0
+    assert 0 < measuring_budget(MIN_RUN_S) <= MAX_BUDGET_S
+    assert measuring_budget(1e6) == MAX_BUDGET_S
+
+
+def test_the_quick_search_starts_no_trial_it_foresees_ending_past_its_time():
+    # Seconds per pass grow with the network input's voxels; the budget allows the first two blocks only.
+    problem = SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((4, 4, 4)), context=Coord((0, 0, 0)),
+                          input_extra=Coord((0, 0, 0)), step=Coord((8, 8, 8)), base_block=Coord((16, 16, 16)),
+                          roi=Box(Coord((0, 0, 0)), Coord((256, 256, 256))), fixed_batch=1)
+    tried = []
+
+    def run(block: Coord, batch: int) -> Trial:
+        tried.append(block)
+        seconds = problem.input_shape(block).prod() * batch * 1e-5
+        import time
+
+        time.sleep(seconds)
+        return Trial(block, batch, "ok", block.prod() * batch / seconds / 1e6, seconds)
+
+    choice = search(problem, run, max_total_s=1.0, coarse=True)
+    # 24^3 takes 0.14 s, 40^3 0.64 s; 72^3 would take 3.7 s more: not started.
+    assert tried == [Coord((16, 16, 16)), Coord((32, 32, 32))]
+    assert choice.block == Coord((32, 32, 32))
