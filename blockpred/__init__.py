@@ -16,7 +16,7 @@ def __getattr__(name):
 
         return getattr(runner, name)
     if name == "RunPlan":
-        from .plan import RunPlan
+        from .runplan import RunPlan
 
         return RunPlan
     raise AttributeError(f"module 'blockpred' has no attribute {name!r}")

@@ -157,7 +157,7 @@ def _record_bench(args: argparse.Namespace, best, pipeline) -> None:
     """The measured throughput, for `blockpred plan`: end to end when --pipeline ran, else model only."""
     from .autosize import model_key
     from .models import load_model
-    from .plan import ThroughputLog
+    from .runplan import ThroughputLog
 
     loaded = load_model(args.model, weights=args.weights)
     key = model_key(loaded.name, loaded.weights_sha256, {})

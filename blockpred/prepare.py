@@ -368,8 +368,15 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         batch_size = defaults.batch_size if defaults.batch_size is not None else batch_size
         if defaults.block is not None and defaults.block != block:
             block = defaults.block
-            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
-                                     downsampling=downsampling, first_input=_valid_input_hint(model, block + halo * 2))
+            if geometry.context == Coord((0, 0, 0)) and sizing is not None:
+                # A 'same' network maps any input on its grid to itself, and its trials (in this run or the
+                # cached one) already ran this block: no second dry run at a block that may take seconds.
+                shape = (block + halo * 2).ceil_div(downsampling) * downsampling
+                geometry = NetworkGeometry(geometry.in_channels, geometry.out_channels, shape, shape, geometry.context)
+            else:
+                geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+                                         downsampling=downsampling,
+                                         first_input=_valid_input_hint(model, block + halo * 2))
     elif searching or batch_size == "auto":
         sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
                             fixed_block=None if searching else block)
@@ -400,21 +407,29 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     shape = (1, in_channels) + tuple(geometry.input_shape)
     started = time.perf_counter()
     spent = lambda: time.perf_counter() - started  # noqa: E731
-    estimated, pass_s = blocks * dry_run_s, dry_run_s
-    if measure and measuring_budget(estimated) > 0:
+
+    def choose(budget: float, pass_s: float) -> tuple[FormatChoice | None, SizeChoice | None]:
+        """What is cached, and within ``budget`` seconds (from ``started``) what is not."""
+        chosen_format = chosen_sizes = None
+        if want_format:
+            chosen_format = _choose_format(cfg, model, predictor, shape, repeats=1,
+                                           cached_only=spent() + FORMAT_PASSES * pass_s > budget)
+        if want_block or want_batch:
+            chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
+                                      fixed_block=None if want_block else block, quick_s=budget - spent(),
+                                      cached_only=budget - spent() <= 0)
+        return chosen_format, chosen_sizes
+
+    format_choice, sizing = choose(0.0, dry_run_s)  # the cache first: a cached run times nothing
+    complete = (format_choice is not None or not want_format) and (sizing is not None or not (want_block or want_batch))
+    estimated = blocks * dry_run_s
+    if not complete and measure and measuring_budget(estimated) > 0:
         # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
+        started = time.perf_counter()
         predictor(np.zeros(shape, dtype=np.float32))
         pass_s = spent()
         estimated = blocks * pass_s
-    budget = measuring_budget(estimated) if measure else 0.0
-    format_choice = sizing = None
-    if want_format:
-        format_choice = _choose_format(cfg, model, predictor, shape, repeats=1,
-                                       cached_only=spent() + FORMAT_PASSES * pass_s > budget)
-    if want_block or want_batch:
-        sizing = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
-                            fixed_block=None if want_block else block, quick_s=budget - spent(),
-                            cached_only=budget - spent() <= 0)
+        format_choice, sizing = choose(measuring_budget(estimated), pass_s)
     measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
     found = format_choice is not None or sizing is not None
     if measured:

@@ -28,7 +28,7 @@ from .io import VolumePath, open_volume
 from .job import Job, run_job
 from .markers import DoneMarkers
 from .memformat import FormatChoice
-from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
+from .runplan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
 from .prepare import Prepared, create_output, model_key_of, prepare, resolve_paths
 from .progress import ProgressBar
@@ -140,7 +140,7 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
     trials), then counts blocks, masked and finished ones, voxels and output
     files in bulk.  The runtime for each count in ``gpus`` uses
     ``assume_mvox_per_s``, else the last throughput measured for this network
-    and precision (see :class:`blockpred.plan.ThroughputLog`), else is unknown.
+    and precision (see :class:`blockpred.runplan.ThroughputLog`), else is unknown.
     """
     if assume_mvox_per_s is not None and not assume_mvox_per_s > 0:
         raise InvalidOptionError(f"--assume-mvox-per-s must be a positive number, got {assume_mvox_per_s}")

@@ -136,3 +136,18 @@ def test_the_shipped_config_files_parse_and_name_their_preset(name):
     preset = get_preset(name)
     assert cfg.model == name and cfg.block == preset.default_block and cfg.halo == preset.default_halo
     assert cfg.block.is_multiple_of(cfg.output_chunks or cfg.block)
+
+
+def test_the_api_functions_stay_functions_once_the_package_has_been_used():
+    """``blockpred.plan`` is the function even after every submodule has been imported (a module named
+    ``plan`` once replaced it: ``blockpred.plan(...)`` then failed with 'module object is not callable')."""
+    import importlib
+    import pkgutil
+
+    import blockpred
+    from blockpred import runner
+
+    for info in pkgutil.walk_packages(blockpred.__path__, "blockpred."):
+        if not info.name.endswith("__main__"):  # that one runs the command line
+            importlib.import_module(info.name)
+    assert blockpred.plan is runner.plan and blockpred.predict is runner.predict

@@ -59,6 +59,8 @@ def test_a_first_run_measures_and_a_second_run_of_the_same_network_measures_noth
     assert len(seen_by_second) == len(set(seen_by_second)) == second.stats.num_blocks  # the blocks, nothing else
     assert second.plan.block_shape == first.defaults.block and second.batch_size == first.defaults.batch_size
     assert str(second).splitlines()[0].startswith("chosen: block ") and "(cached)" in str(second)
+    plan = blockpred.plan(source, str(tmp_path / "c.zarr"), **_slow(tmp_path, "run.log"))
+    assert plan.defaults.endswith("(cached)") and plan.plan.block_shape == first.defaults.block  # plan says the same
 
 
 def test_the_measured_defaults_predict_what_batch_1_contiguous_at_the_same_block_does(tmp_path, source):
