@@ -12,9 +12,10 @@ at all (the start block, batch 1, contiguous: there is little to gain), and
 a longer one may spend :data:`FIRST_RUN_S`, or :data:`BUDGET_FRACTION` of
 its estimate where that is more, at most :data:`MAX_BUDGET_S`.  A first run
 may pay more than it gains; the runs after it pay nothing.  The memory
-format is measured first, at the start block (four passes), and only when
-those fit the budget; the sizes then search the rest of it (the search
-starts no trial it foresees ending past the budget).  A named option is never measured or
+format is measured first, on half the start block per axis with the same
+halo (four passes, about a fifth of the voxels of four passes of the block),
+and only when those fit the budget; the sizes then search the rest of it
+(the search starts no trial it foresees ending past the budget).  A named option is never measured or
 changed.  Different layouts, batches and blocks give the same values up to
 float rounding (and, for blocks, up to what the halo covers).
 """
