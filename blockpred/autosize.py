@@ -208,13 +208,15 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
-           max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False) -> SizeChoice:
+           max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False,
+           known: tuple[Trial, ...] = ()) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
     No trial starts that would end after ``max_total_s`` (its time is
     foreseen from the last trial's, scaled by the voxels of the pass; the best
     so far wins): on a slow device the search must not cost more than it saves.
     ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``.
+    ``known``: trials already run (the caller timed them): taken as they are, not run again.
     """
     candidates = problem.candidates(coarse)
     batch = problem.fixed_batch or 1
@@ -230,10 +232,13 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         foreseen = seconds * problem.input_shape(block).prod() * batch_size / voxels
         return elapsed + foreseen > max_total_s
 
+    already = {(t.block, t.batch_size): t for t in known}
+
     def attempt(block: Coord, batch_size: int) -> Trial:
         begin = time.perf_counter()
-        trial = run(block, batch_size)
-        last[:] = [(problem.input_shape(block).prod() * batch_size, time.perf_counter() - begin)]
+        trial = already.get((block, batch_size)) or run(block, batch_size)
+        took = trial.seconds_per_pass if (block, batch_size) in already else time.perf_counter() - begin
+        last[:] = [(problem.input_shape(block).prod() * batch_size, took)]
         trials.append(trial)
         logger.info("trial block %s batch %d: %s%s", "x".join(map(str, block)), batch_size, trial.outcome,
                     f", {trial.mvox_per_s:.2f} Mvox/s" if trial.fits else "")
@@ -345,12 +350,13 @@ def device_key(predictor: Predictor) -> dict:
 
 def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
                  budget_bytes: int | None = None, quick_s: float | None = None,
-                 cached_only: bool = False) -> SizeChoice | None:
+                 cached_only: bool = False, known: tuple[Trial, ...] = ()) -> SizeChoice | None:
     """The cached choice for this model, device, precision and problem, else :func:`search` (then cached).
 
     ``quick_s``: the measured defaults' search (coarse candidates, one pass
     each, at most ``quick_s`` seconds), cached apart from the full one.
     ``cached_only``: None instead of a search when nothing is cached.
+    ``known``: trials the caller already timed (see :func:`search`).
     """
     key = {"version": CACHE_VERSION, "model": model_key, "device": device_key(predictor),
            "precision": predictor.precision, "compile": predictor.compile, "memory_format": predictor.memory_format,
@@ -367,7 +373,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes))
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True),
-                        max_total_s=quick_s, coarse=True)
+                        max_total_s=quick_s, coarse=True, known=known)
     predictor.release_memory()
     cache.put(key, problem, choice.trials)
     return choice

@@ -12,10 +12,11 @@ at all (the start block, batch 1, contiguous: there is little to gain), and
 a longer one may spend :data:`FIRST_RUN_S`, or :data:`BUDGET_FRACTION` of
 its estimate where that is more, at most :data:`MAX_BUDGET_S`.  A first run
 may pay more than it gains; the runs after it pay nothing.  The memory
-format is measured first, on half the start block per axis with the same
-halo (four passes, about a fifth of the voxels of four passes of the block),
-and only when those fit the budget; the sizes then search the rest of it
-(the search starts no trial it foresees ending past the budget).  A named option is never measured or
+format is measured first, at the start block: the estimate's pass is
+contiguous's, so channels_last takes a warm-up and a timed pass, and only
+when those fit the budget; the faster layout's pass is the first size trial,
+and the sizes search the rest of the budget (the search starts no trial it
+foresees ending past it).  A named option is never measured or
 changed.  Different layouts, batches and blocks give the same values up to
 float rounding (and, for blocks, up to what the halo covers).
 """
@@ -34,7 +35,8 @@ FIRST_RUN_S = 5.0
 BUDGET_FRACTION = 0.25
 #: ... but never more than this many seconds.
 MAX_BUDGET_S = 10.0
-#: Passes the memory format measurement takes (one warm-up and one timed pass per layout).
+#: Passes the memory format measurement takes (one warm-up and one timed pass per layout; the
+#: estimate's pass stands for contiguous's two).
 FORMAT_PASSES = 4
 
 

@@ -21,6 +21,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -47,12 +48,13 @@ class FormatChoice:
 
 
 def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], model_key: dict,
-                         cache: JsonFile | None = None, repeats: int = REPEATS,
-                         cached_only: bool = False) -> FormatChoice | None:
+                         cache: JsonFile | None = None, repeats: int = REPEATS, cached_only: bool = False,
+                         known: Mapping[str, float] | None = None) -> FormatChoice | None:
     """The faster layout for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
 
     ``repeats``: timed passes per layout (the measured defaults use one).
     ``cached_only``: None instead of a measurement when nothing is cached.
+    ``known``: seconds per (warm) pass already measured for some layouts at this shape: not measured again.
     """
     cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
     key = json.dumps({"model": model_key, "device": device_key(predictor), "precision": predictor.precision,
@@ -63,7 +65,9 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
     elif cached_only:
         return None
     else:
-        seconds = {name: _seconds_per_pass(predictor, name, batch_shape, repeats) for name in MEMORY_FORMATS}
+        known = dict(known or {})
+        seconds = {name: known[name] if name in known else _seconds_per_pass(predictor, name, batch_shape, repeats)
+                   for name in MEMORY_FORMATS}
         fastest = min(seconds, key=seconds.get)
         winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds["contiguous"] else "contiguous"
         seconds = {name: (s if math.isfinite(s) else None) for name, s in seconds.items()}  # JSON: no inf
@@ -78,7 +82,7 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
 def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...], repeats: int) -> float:
     """Seconds per pass in ``memory_format``; infinite when the batch does not fit the device in it."""
     predictor.use_memory_format(memory_format)
-    batch = np.zeros(batch_shape, dtype=np.float32)
+    batch = np.random.default_rng(0).random(batch_shape, dtype=np.float32)  # kernels may run faster on zeros
     try:
         predictor(batch)  # warm-up: kernels chosen, memory allocated
         start = time.perf_counter()

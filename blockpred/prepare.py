@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .autosize import SizeChoice, SizeProblem, choose_sizes, model_key, probe_block
+from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, probe_block
 from .blocking import BlockPlan, plan_blocks
 from .config import RunConfig, make_config
 from .defaults import FORMAT_PASSES, Defaults, measuring_budget
@@ -405,33 +405,40 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     blocks = (roi.end.ceil_div(block) - roi.begin // block).prod()
     in_channels = source.num_channels or 1
     shape = (1, in_channels) + tuple(geometry.input_shape)
-    # The layouts are compared on half the block per axis (the same halo and context): the layout's
-    # gain is a matter of channels, not of extent, and the size trials get the time that saves.
-    half = (block // 2).maximum(downsampling).ceil_div(downsampling) * downsampling
-    format_input = geometry.input_shape - (block - half)
-    format_cost = FORMAT_PASSES * format_input.prod() / geometry.input_shape.prod()  # in passes of the block
     started = time.perf_counter()
     spent = lambda: time.perf_counter() - started  # noqa: E731
+    here = cfg.scheduler is None  # passes timed here stand for the run's device (else it is a worker's)
 
-    def choose(budget: float, pass_s: float) -> tuple[FormatChoice | None, SizeChoice | None]:
-        """What is cached, and within ``budget`` seconds (from ``started``) what is not."""
+    def choose(budget: float, pass_s: float | None = None) -> tuple[FormatChoice | None, SizeChoice | None]:
+        """What is cached, and within ``budget`` seconds (from ``started``) what is not.
+
+        ``pass_s``: a warm pass of the start block in the predictor's layout (contiguous unless named), timed
+        on random data: the layout comparison and the first size trial take it instead of running it again.
+        """
         chosen_format = chosen_sizes = None
+        known_format = {predictor.memory_format: pass_s} if pass_s is not None and here else None
         if want_format:
-            chosen_format = _choose_format(cfg, model, predictor, (1, in_channels) + tuple(format_input), repeats=1,
-                                           cached_only=spent() + format_cost * pass_s > budget)
+            cost = (FORMAT_PASSES - 2 * bool(known_format)) * (pass_s or 0.0)
+            chosen_format = _choose_format(cfg, model, predictor, shape, repeats=1,
+                                           cached_only=pass_s is None or spent() + cost > budget, known=known_format)
         if want_block or want_batch:
+            known: tuple[Trial, ...] = ()
+            seconds = chosen_format.seconds.get(predictor.memory_format) if chosen_format is not None else pass_s
+            if here and seconds and (chosen_format is None or not chosen_format.cached):
+                known = (Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds),)
             chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
                                       fixed_block=None if want_block else block, quick_s=budget - spent(),
-                                      cached_only=budget - spent() <= 0)
+                                      cached_only=budget - spent() <= 0, known=known)
         return chosen_format, chosen_sizes
 
-    format_choice, sizing = choose(0.0, dry_run_s)  # the cache first: a cached run times nothing
+    format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
     complete = (format_choice is not None or not want_format) and (sizing is not None or not (want_block or want_batch))
     estimated = blocks * dry_run_s
     if not complete and measure and measuring_budget(estimated) > 0:
         # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
+        batch = np.random.default_rng(0).random(shape, dtype=np.float32)  # kernels may run faster on zeros
         started = time.perf_counter()
-        predictor(np.zeros(shape, dtype=np.float32))
+        predictor(batch)
         pass_s = spent()
         estimated = blocks * pass_s
         format_choice, sizing = choose(measuring_budget(estimated), pass_s)
@@ -457,7 +464,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
 
 def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
                halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None,
-               quick_s: float | None = None, cached_only: bool = False) -> SizeChoice | None:
+               quick_s: float | None = None, cached_only: bool = False,
+               known: tuple = ()) -> SizeChoice | None:
     """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
 
     ``quick_s`` / ``cached_only``: the measured defaults' search (see
@@ -480,7 +488,8 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
     )
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
-        choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only)
+        choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
+                              known=known)
     else:  # the trials belong on the workers' devices, which this machine may not have
         from .scheduler import run_on_a_worker
 
@@ -508,14 +517,16 @@ def _start_format(cfg: RunConfig) -> str:
 
 
 def _choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
-                   repeats: int = FORMAT_REPEATS, cached_only: bool = False) -> FormatChoice | None:
+                   repeats: int = FORMAT_REPEATS, cached_only: bool = False,
+                   known: dict | None = None) -> FormatChoice | None:
     """The faster memory format, measured on this process's device, or with ``--scheduler`` on a worker's.
 
     None when ``cached_only`` finds nothing cached.
     """
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
-        choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only)
+        choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only,
+                                      known=known)
     else:
         from .scheduler import run_on_a_worker
 
