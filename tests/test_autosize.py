@@ -45,7 +45,9 @@ def synthetic_device(prob: SizeProblem, budget_voxels: int, launch_s=0.01, s_per
 
 def test_the_search_climbs_to_the_largest_block_that_fits_then_doubles_the_batch_and_picks_the_fastest():
     prob = problem()
-    budget = 62**3  # block 42 (input 62^3) fits at batch 1; the next candidate, 52 (72^3), does not
+    # Block 42 is balanced to 38 (7 blocks over 256 either way; input 58^3): it fits at batch 1, and the
+    # next candidate, 52 (72^3), does not.
+    budget = 62**3
     run, log = synthetic_device(prob, budget)
     choice = search(prob, run)
 
@@ -53,11 +55,11 @@ def test_the_search_climbs_to_the_largest_block_that_fits_then_doubles_the_batch
     assert all(prob.input_shape(t.block).prod() * t.batch_size <= budget for t in fitting)
     assert all(prob.input_shape(t.block).prod() * t.batch_size > budget for t in choice.trials if not t.fits)
     batch1 = [t for t in choice.trials if t.batch_size == 1]
-    assert max(t.block for t in batch1 if t.fits) == Coord((42,) * 3)
+    assert max(t.block for t in batch1 if t.fits) == Coord((38,) * 3)
     assert not [t for t in batch1 if t.block == Coord((52,) * 3)][0].fits, "the search stopped before the limit"
     assert any(t.batch_size > 1 for t in choice.trials), "no batch was tried"
     assert choice.mvox_per_s == max(prob.roi_mvox_per_s(t) for t in fitting)
-    assert (choice.block, choice.batch_size) == (Coord((42,) * 3), 1)  # bigger blocks waste less on the halo
+    assert (choice.block, choice.batch_size) == (Coord((38,) * 3), 1)  # bigger blocks waste less on the halo
     assert len(log) <= 12, "too many trial passes"
 
 
@@ -156,3 +158,14 @@ def test_joining_a_cluster_the_trials_run_on_a_worker_and_the_blocks_with_the_ch
     assert (sizing.block + 20).prod() * sizing.batch_size <= budget
     assert len(summary.workers) == 1 and summary.stats.num_voxels == data.size
     assert (tmp_path / "blockpred-cache" / "sizes.json").exists(), "the worker cached nothing"
+
+
+def test_candidates_are_balanced_over_the_region_so_the_last_block_overhangs_least():
+    prob = problem(roi=(128, 704, 704), base=64)
+    prob = SizeProblem(**{**prob.__dict__, "step": Coord((8, 8, 8)), "halo": Coord((16, 16, 16))})
+    blocks = prob.candidates(coarse=True)
+    assert blocks == [Coord((64, 64, 64)), Coord((128, 120, 120)), Coord((128, 240, 240)), Coord((128, 352, 352)),
+                      Coord((128, 704, 704))]  # 120 and 240: 6 and 3 blocks over 704, as 128 and 256 need
+    for block in blocks:
+        doubled = Coord(min(2 * b, m) for b, m in zip(block, prob.max_block))
+        assert prob.blocks_over_region(prob.balanced(doubled)) == prob.blocks_over_region(doubled)
