@@ -325,6 +325,9 @@ def console() -> int:
     """
     import gc
 
+    from .hostmem import keep_freed_memory
+
+    keep_freed_memory()  # before any large array: see blockpred.hostmem
     code = main()
     sys.stdout.flush()
     gc.freeze()

@@ -32,6 +32,7 @@ import torch
 
 from ..config import COMPILE_MODES, MEMORY_FORMATS
 from ..errors import InvalidOptionError
+from ..hostmem import keep_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class Predictor:
             raise InvalidOptionError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         if memory_format not in MEMORY_FORMATS:
             raise InvalidOptionError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
+        keep_freed_memory()  # a block's activations are reused from pass to pass, not faulted in anew
         self.device = device
         self.precision = precision
         self.compile = compile
