@@ -162,15 +162,18 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
                  budget_bytes: int | None = None, quick: bool = False) -> Callable[[Coord, int], Trial]:
     """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome.
 
-    ``quick`` (the measured defaults, right after the dry run at the first
-    candidate): one timed pass, after one warm-up pass on a GPU (cuDNN chooses
-    its kernels per shape) and none on a CPU.
+    ``quick`` (the measured defaults; the first candidate is usually timed by
+    the caller): one timed pass after one warm-up pass, on a GPU for cuDNN's
+    choice of kernels, on a CPU for the heap's growth (with
+    :mod:`blockpred.hostmem` a warm pass reuses memory the cold one faulted in:
+    a cold 84x276x276 pass of ``tiny`` took 3.6 s, a warm one 0.9 s; cold
+    passes would favour small blocks).
     """
     import torch
 
     cuda = predictor.device.type == "cuda"
     repeats = 1 if quick else repeats
-    first_warmups, later_warmups = (int(cuda), int(cuda)) if quick else (3, 1)
+    first_warmups, later_warmups = (1, 1) if quick else (3, 1)
     if cuda and budget_bytes is None:
         predictor.release_memory()
         free, _ = torch.cuda.mem_get_info(predictor.device)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .geometry import Coord
 
 #: Runs estimated shorter than this (seconds, at the start block) are not measured.
-MIN_RUN_S = 2.0
+MIN_RUN_S = 1.0
 #: Seconds any measured run may spend measuring ...
 FIRST_RUN_S = 5.0
 #: ... or this share of the estimated run, where that is more ...

@@ -44,7 +44,7 @@ from .mask import Mask
 from .memformat import REPEATS as FORMAT_REPEATS
 from .memformat import FormatChoice, choose_memory_format
 from .network import NetworkGeometry, probe_network
-from .pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
+from .pipeline import DeviceSteps, PipelineSettings, Predictor, is_out_of_memory, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -433,15 +433,22 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
     complete = (format_choice is not None or not want_format) and (sizing is not None or not (want_block or want_batch))
-    estimated = blocks * dry_run_s
+    estimated, out_of_memory = blocks * dry_run_s, False
     if not complete and measure and measuring_budget(estimated) > 0:
         # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
         batch = np.random.default_rng(0).random(shape, dtype=np.float32)  # kernels may run faster on zeros
         started = time.perf_counter()
-        predictor(batch)
-        pass_s = spent()
-        estimated = blocks * pass_s
-        format_choice, sizing = choose(measuring_budget(estimated), pass_s)
+        try:
+            predictor(batch)
+        except Exception as err:  # noqa: BLE001 - out of memory ends the measuring; anything else is the network's
+            if not is_out_of_memory(err):
+                raise
+            predictor.release_memory()  # the run's own recovery (smaller batches, parts) takes over
+            out_of_memory = True
+        else:
+            pass_s = spent()
+            estimated = blocks * pass_s
+            format_choice, sizing = choose(measuring_budget(estimated), pass_s)
     measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
     found = format_choice is not None or sizing is not None
     if measured:
@@ -450,6 +457,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         how = "cached"
     elif not measure:
         how = "not measured yet: the run measures"
+    elif out_of_memory:
+        how = "not measured: the start block ran out of device memory in a timed pass"
     else:
         how = (f"not measured: the run is estimated at {estimated:.1f} s at the start block, too short "
                f"for measuring to pay")

@@ -170,4 +170,5 @@ def test_the_readme_api_example_runs_as_a_plain_script_without_a_main_guard(tmp_
     local = blockpred.predict(str(tmp_path / "vol.zarr/raw"), str(tmp_path / "local.zarr"), model="tiny",
                               block=32, halo=8, local=True, progress=False)
     got, want = open_volume(str(tmp_path / "vol.zarr/prediction")), open_volume(local.output)
-    np.testing.assert_array_equal(got.read(got.box), want.read(want.box))
+    # The example names no batch or layout: the two runs may measure them differently (to float rounding).
+    np.testing.assert_allclose(got.read(got.box), want.read(want.box), rtol=0, atol=1e-5)
