@@ -104,7 +104,7 @@ def test_a_worker_killed_mid_run_has_its_blocks_rescheduled_and_the_output_is_co
 def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path):
     source = random_volume(tmp_path, (32, 64, 64))
     clean = str(tmp_path / "clean.zarr")
-    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False)
+    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False, **PINNED)
     out = str(tmp_path / "out.zarr")
     first_log, second_log = str(tmp_path / "first.log"), str(tmp_path / "second.log")
     args = [source, out, "--model", "tests.networks:logged", "--workers", "2"]
@@ -184,9 +184,10 @@ def test_skip_empty_skips_uniform_blocks_and_predicts_the_others_exactly(tmp_pat
     data[:16] = rng.integers(0, 255, (16, 32, 32), dtype=np.uint8)
     source = write_test_volume(str(tmp_path / "in.zarr"), data)
     full = str(tmp_path / "full.zarr")
-    blockpred.predict(source, full, block=16, halo=4, local=True, progress=False)
+    blockpred.predict(source, full, block=16, halo=4, local=True, progress=False, **PINNED)
     out = str(tmp_path / "out.zarr")
-    summary = blockpred.predict(source, out, block=16, halo=4, skip_empty=True, local=True, progress=False)
+    summary = blockpred.predict(source, out, block=16, halo=4, skip_empty=True, local=True, progress=False,
+                                **PINNED)
     # Blocks with z cores 32..48 read z 28..52: all zero, so skipped (2 x 2 of them).  Those with
     # cores 16..32 read z 12..36, which reaches the data: they run.
     assert summary.stats.num_skipped == 4 and summary.stats.num_blocks == 8
@@ -203,7 +204,7 @@ def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skippe
     mask[6, 13, 9] = 1  # z 24..28, y 52..56, x 36..40: block (1, 3, 2)
     mask_path = write_test_volume(str(tmp_path / "mask.zarr"), mask)
     full = str(tmp_path / "full.zarr")
-    blockpred.predict(source, full, block=16, halo=10, local=True, progress=False)
+    blockpred.predict(source, full, block=16, halo=10, local=True, progress=False, **PINNED)
     out = str(tmp_path / "out.zarr")
     summary = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, workers=2, progress=False,
                                 **PINNED)
@@ -215,7 +216,8 @@ def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skippe
     np.testing.assert_array_equal(got[:, :16, :16, :16], want[:, :16, :16, :16])
     np.testing.assert_array_equal(got[:, 16:, 48:, 32:48], want[:, 16:, 48:, 32:48])
     assert not got[:, 16:, :48].any()
-    again = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, local=True, progress=False)
+    again = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, local=True, progress=False,
+                              **PINNED)
     assert again.stats.num_blocks == 0 and again.num_resumed == 32
 
 
@@ -234,8 +236,9 @@ def test_an_hdf5_output_with_two_workers_is_refused_before_anything_is_written(t
 def test_an_hdf5_output_in_the_input_file_is_written_by_one_dask_worker(tmp_path):
     data = np.random.default_rng(5).integers(0, 255, (16, 16, 16), dtype=np.uint8)
     source = write_test_volume(str(tmp_path / "f.h5:/raw"), data)
-    summary = blockpred.predict(source, block=8, halo=4, workers=1, progress=False)
-    local = blockpred.predict(source, str(tmp_path / "f.h5:/local"), block=8, halo=4, local=True, progress=False)
+    summary = blockpred.predict(source, block=8, halo=4, workers=1, progress=False, **PINNED)
+    local = blockpred.predict(source, str(tmp_path / "f.h5:/local"), block=8, halo=4, local=True, progress=False,
+                              **PINNED)
     np.testing.assert_array_equal(read_all(summary.output), read_all(local.output))
 
 
@@ -243,7 +246,7 @@ def test_an_hdf5_output_in_the_input_file_is_written_by_one_dask_worker(tmp_path
 def test_a_slow_worker_keeps_few_blocks_and_the_fast_one_takes_over_the_rest(tmp_path):
     source = random_volume(tmp_path, (32, 64, 64))  # 32 blocks of 16^3
     clean = str(tmp_path / "clean.zarr")
-    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False)
+    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False, **PINNED)
     out = str(tmp_path / "out.zarr")
     summary = blockpred.predict(source, out, block=16, halo=10, workers=2, progress=False, **PINNED,
                                 model="tests.networks:uneven",
@@ -264,7 +267,7 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
 
     source = random_volume(tmp_path, (32, 64, 64))
     clean = str(tmp_path / "clean.zarr")
-    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False)
+    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False, **PINNED)
     gate = tmp_path / "gate"
     gate.touch()  # every block waits until the late worker is in
     out = str(tmp_path / "out.zarr")

@@ -14,7 +14,9 @@ from blockpred.layout import MAX_UNSHARDED_CHUNKS, choose_layout
 from tests.helpers import write_test_volume
 
 SHAPE = (40, 70, 50)
-RUN = dict(block=(16, 32, 32), halo=4, output_dtype="uint8", local=True, progress=False)
+# Batch and layout named: these tests compare runs bitwise (see tests/test_scheduler.py, PINNED).
+RUN = dict(block=(16, 32, 32), halo=4, output_dtype="uint8", local=True, progress=False, batch_size=1,
+           memory_format="contiguous")
 
 
 @pytest.fixture(scope="module")
