@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .blocking import blocks_per_axis
 from .cache import JsonFile, default_cache_dir
 from .errors import InvalidOptionError
 from .geometry import Box, Coord
@@ -134,7 +135,7 @@ class SizeProblem:
 
     def blocks_over_region(self, block: Coord) -> Coord:
         """Blocks per axis that cover the region (the grid starts at the volume's origin)."""
-        return self.roi.end.ceil_div(block) - self.roi.begin // block
+        return blocks_per_axis(self.roi, block)
 
     def balanced(self, block: Coord) -> Coord:
         """The smallest block (on the step) that covers the region in as many blocks per axis as ``block``.

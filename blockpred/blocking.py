@@ -34,6 +34,11 @@ from .errors import InvalidOptionError
 from .geometry import Box, Coord
 
 
+def blocks_per_axis(roi: Box, block_shape: Coord) -> Coord:
+    """Blocks per axis of the grid (anchored at the volume's origin) that covers ``roi``."""
+    return roi.end.ceil_div(block_shape) - roi.begin // block_shape
+
+
 @dataclass(frozen=True, slots=True)
 class Block:
     """One unit of work.  Its status (done, failed) belongs to the scheduler."""
@@ -70,7 +75,7 @@ class BlockPlan:
 
     @property
     def grid_shape(self) -> Coord:
-        return self.roi.end.ceil_div(self.block_shape) - self.grid_begin
+        return blocks_per_axis(self.roi, self.block_shape)
 
     @property
     def num_blocks(self) -> int:

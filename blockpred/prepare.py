@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, probe_block
-from .blocking import BlockPlan, plan_blocks
+from .blocking import BlockPlan, blocks_per_axis, plan_blocks
 from .config import RunConfig, make_config
 from .defaults import FORMAT_PASSES, Defaults, measuring_budget
 from .errors import InvalidOptionError, ModelLoadError, OutputExistsError
@@ -402,7 +402,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     """
     want_block, want_batch = not block_named, cfg.batch_size is None
     want_format = cfg.memory_format is None and cfg.compile == "off"
-    blocks = (roi.end.ceil_div(block) - roi.begin // block).prod()
+    blocks = blocks_per_axis(roi, block).prod()
     in_channels = source.num_channels or 1
     shape = (1, in_channels) + tuple(geometry.input_shape)
     started = time.perf_counter()
