@@ -37,7 +37,7 @@ import tensorstore as ts
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
 from .base import VolumePath, spatial_voxel_size
-from .tensorstore_io import TensorstoreVolume, context, open_store
+from .tensorstore_io import TensorstoreVolume, context, kvstore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def create_volume(
 
 
 def _spec(path: VolumePath) -> dict:
-    return {"driver": "n5", "kvstore": {"driver": "file", "path": str(_directory(path))}}
+    return {"driver": "n5", "kvstore": kvstore(path, path.dataset)}
 
 
 def _directory(path: VolumePath) -> Path:

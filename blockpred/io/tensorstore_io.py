@@ -20,13 +20,26 @@ from concurrent.futures import Future
 import numpy as np
 import tensorstore as ts
 
-from .base import Volume
+from .base import Volume, VolumePath
 
 
 @functools.cache
 def context() -> ts.Context:
     """The process-wide tensorstore context (thread pools and limits shared by every volume)."""
     return ts.Context()
+
+
+def kvstore(path: VolumePath, key: str = "") -> dict:
+    """The tensorstore kvstore spec of ``key`` (a ``/``-separated path) inside ``path``'s container.
+
+    The one place a volume's location becomes a tensorstore kvstore: every
+    backend that reads or writes through tensorstore asks here.
+    """
+    directory = path.container.absolute()
+    for part in key.strip("/").split("/"):
+        if part:
+            directory = directory / part
+    return {"driver": "file", "path": str(directory) + "/"}
 
 
 def open_store(spec: dict, *, writable: bool) -> ts.TensorStore:

@@ -43,7 +43,7 @@ from zarr.storage import LocalStore
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
 from .base import Volume, VolumePath, spatial_voxel_size
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
-from .tensorstore_io import TensorstoreVolume, open_store
+from .tensorstore_io import TensorstoreVolume, kvstore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def _tensorstore(path: VolumePath, array: zarr.Array, writable: bool):
     """The array opened with tensorstore, or None when tensorstore cannot read it (zarr-python then does)."""
     spec = {
         "driver": "zarr3" if array.metadata.zarr_format == 3 else "zarr",
-        "kvstore": {"driver": "file", "path": str(path.container.absolute() / array.path) + "/"},
+        "kvstore": kvstore(path, array.path),
     }
     try:
         return open_store(spec, writable=writable)
