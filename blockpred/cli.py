@@ -67,6 +67,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                                     "above 100,000 output chunks [auto]")
     g.add_argument("--channels", help="output channels to keep, e.g. 0,2 [all]")
     g.add_argument("--compression", choices=("zstd", "gzip", "blosc", "raw"), help="[zstd]")
+    g.add_argument("--pyramid", help="downsampled levels to write below a zarr output once it is predicted "
+                   "(OME-NGFF multiscales, for viewers) [0]")
+    g.add_argument("--pyramid-method", choices=("mean", "mode", "stride"),
+                   help="how each level is made from the one before: mean, mode (labels) or stride [mean]")
     g.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
 
@@ -74,7 +78,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
              "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
-             "retries", "skip_empty", "mask", "compile", "memory_format")
+             "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -99,6 +99,11 @@ class RunConfig:
     skip_empty: bool = False
     #: A 3D volume (full size or downsampled) whose nonzero voxels mark where to predict.
     mask: str | None = None
+    #: Downsampled levels written below a zarr output once it is predicted (an OME-NGFF multiscale image;
+    #: see :mod:`blockpred.pyramid`); 0: none.
+    pyramid: int = 0
+    #: How a pyramid level is made from the one before: mean, mode (labels) or stride.
+    pyramid_method: str = "mean"
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -197,6 +202,14 @@ def _normalise(name: str, value: Any) -> Any:
         return str(value)
     if name in ("batch_size", "num_readers", "num_writers", "prefetch", "workers"):
         return _positive_int(value, name)
+    if name == "pyramid":
+        if isinstance(value, bool) or not str(value).strip().isdigit():
+            raise InvalidOptionError(f"pyramid must be a non-negative number of levels, got {value!r}")
+        return int(value)
+    if name == "pyramid_method":
+        from .downsample import check_method
+
+        return check_method(value)
     if name == "retries":
         if isinstance(value, bool) or not str(value).isdigit():
             raise InvalidOptionError(f"retries must be a non-negative integer, got {value!r}")

@@ -55,8 +55,11 @@ DEFAULT_HALO = Coord((8, 8, 8))
 
 
 def default_output_path(source: VolumePath) -> VolumePath:
-    """A sibling dataset ``prediction`` inside a container, else a new container beside the input."""
-    if source.dataset:
+    """A sibling dataset ``prediction`` inside a container, else a new container beside the input.
+
+    A precomputed input's dataset is its scale: its output is a new volume beside it (``em`` -> ``em.prediction``).
+    """
+    if source.dataset and source.format != "precomputed":
         return source.sibling("prediction")
     suffix = source.container.suffix
     return VolumePath(source.format, source.container.with_name(source.container.stem + ".prediction" + suffix), "")
@@ -130,6 +133,10 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
     check_output_path(source_path, target_path)
     if target_path.format == "n5" and cfg.output_dtype.name == "float16":
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
+    if target_path.format == "precomputed":  # one scale, a data type precomputed has
+        from .io.precomputed import check_output
+
+        check_output(target_path, cfg.output_dtype)
     return cfg, source_path, target_path
 
 
@@ -199,6 +206,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         raise InvalidOptionError(f"ROI {roi} must be a non-empty box inside the volume {source.box}")
     if cfg.local and (cfg.workers or cfg.scheduler):
         raise InvalidOptionError("--local runs in this process; it cannot be combined with --workers or --scheduler")
+    if cfg.pyramid:
+        _check_pyramid(cfg, source, target_path)
 
     if not cfg.local and cfg.scheduler is None and target_path.format == "hdf5":
         from .cluster import check_hdf5_writers, local_worker_envs
@@ -274,6 +283,23 @@ def create_output(p: Prepared, source) -> DoneMarkers:
     if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
         raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {p.target_path}")
     return markers
+
+
+def _check_pyramid(cfg: RunConfig, source, target_path: VolumePath) -> None:
+    """A pyramid is an OME-NGFF multiscale image: a zarr output, and levels the volume's shape allows."""
+    from .pyramid import max_levels
+
+    if target_path.format != "zarr":
+        raise InvalidOptionError(
+            f"--pyramid writes an OME-NGFF multiscale image, which needs a zarr output; {str(target_path)!r} is "
+            f"{target_path.format}: write to a .zarr path or drop --pyramid"
+        )
+    limit = max_levels(source.spatial_shape)
+    if cfg.pyramid > limit:
+        raise InvalidOptionError(
+            f"--pyramid {cfg.pyramid} needs more levels than a volume of shape {tuple(source.spatial_shape)} has "
+            f"(at most {limit}: each level halves an axis until every axis is one voxel); use --pyramid {limit} or less"
+        )
 
 
 def _client_device(cfg: RunConfig):

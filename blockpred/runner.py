@@ -35,6 +35,7 @@ from .progress import ProgressBar
 
 if TYPE_CHECKING:
     from .cluster import Cluster
+    from .pyramid import PyramidSummary
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class PredictionSummary:
     memory_format: FormatChoice | None = None
     #: What the run chose for the block, batch and memory format it was not given (see :mod:`blockpred.defaults`).
     defaults: Defaults | None = None
+    #: The pyramid written below the output (``pyramid=N``), else None.
+    pyramid: "PyramidSummary | None" = None
 
     @property
     def mvox_per_s(self) -> float:
@@ -88,6 +91,8 @@ class PredictionSummary:
             f"predicted {s.num_voxels / 1e6:.1f} Mvox in {s.num_blocks} blocks{more} in {s.seconds:.2f} s "
             f"({s.mvox_per_s:.2f} Mvox/s) with {self.model} on {self.device} -> {self.output}"
         )
+        if self.pyramid is not None:
+            lines.append(str(self.pyramid))
         return "\n".join(lines)
 
 
@@ -128,7 +133,15 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster)
     _record_throughput(p, summary)
-    return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults)
+    pyramid = None
+    if cfg.pyramid:
+        from .pyramid import build_pyramid
+
+        # Levels an earlier run wrote and named stand, unless this run predicted blocks under them.
+        pyramid = build_pyramid(target_path, cfg.pyramid, cfg.pyramid_method, threads=p.settings.num_writers,
+                                recompute=summary.stats.num_blocks > 0)
+    return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
+                               pyramid=pyramid)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,

@@ -1,6 +1,7 @@
-"""OME-NGFF image metadata: writing a single-scale image, reading its first scale.
+"""OME-NGFF image metadata: writing an image (one scale, or a pyramid), reading its first scale.
 
-blockpred writes one scale, the array ``0`` inside the image group:
+blockpred writes the prediction as the array ``0`` inside the image group
+(``--pyramid N`` adds ``1`` .. ``N``, see :mod:`blockpred.pyramid`):
 
 * zarr format 3 -> OME-NGFF 0.5: ``attributes["ome"] = {"version": "0.5", "multiscales": [...]}``
 * zarr format 2 -> OME-NGFF 0.4: top-level ``multiscales`` whose entry carries ``"version": "0.4"``
@@ -24,15 +25,29 @@ def axis_names(ndim: int) -> list[str]:
     return ["c", "z", "y", "x"][4 - ndim :]
 
 
-def image_attributes(ndim: int, voxel_size: tuple[float, ...] | None, zarr_format: int) -> dict[str, Any]:
-    """The group attributes of a single-scale OME-NGFF image of ``ndim`` (3 or 4) axes."""
+def image_attributes(ndim: int, voxel_size: tuple[float, ...] | None, zarr_format: int,
+                     scales: list[tuple[int, ...]] | None = None, centred: bool = True) -> dict[str, Any]:
+    """The group attributes of an OME-NGFF image of ``ndim`` (3 or 4) axes.
+
+    ``scales`` lists, per level (array ``"0"``, ``"1"`` ...), its downsampling
+    factor from level 0 (z, y, x); by default the one level 0.  A level's
+    ``scale`` is the voxel size times its factor; when ``centred`` (its voxels
+    are window means or modes), a ``translation`` of (factor - 1) / 2 voxels of
+    level 0 puts each voxel at the centre of the window it stands for.
+    """
     spatial = [float(v) for v in (voxel_size or (1.0, 1.0, 1.0))]
     axes = [{"name": name, "type": "channel" if name == "c" else "space"} for name in axis_names(ndim)]
-    scale = [1.0] * (ndim - 3) + spatial
-    multiscale: dict[str, Any] = {
-        "axes": axes,
-        "datasets": [{"path": SCALE_PATH, "coordinateTransformations": [{"type": "scale", "scale": scale}]}],
-    }
+    lead = [1.0] * (ndim - 3)
+    datasets = []
+    for index, factor in enumerate(scales or [(1, 1, 1)]):
+        transformations: list[dict[str, Any]] = [
+            {"type": "scale", "scale": lead + [v * f for v, f in zip(spatial, factor)]}]
+        if centred and any(f != 1 for f in factor):
+            shift = [0.0] * (ndim - 3) + [v * (f - 1) / 2 for v, f in zip(spatial, factor)]
+            transformations.append({"type": "translation", "translation": shift})
+        path = SCALE_PATH if index == 0 else str(index)
+        datasets.append({"path": path, "coordinateTransformations": transformations})
+    multiscale: dict[str, Any] = {"axes": axes, "datasets": datasets}
     if zarr_format == 3:
         return {"ome": {"version": "0.5", "multiscales": [multiscale]}}
     return {"multiscales": [{"version": "0.4", **multiscale}]}

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 
 import numcodecs
 import numpy as np
@@ -41,6 +42,7 @@ import zarr.errors
 from zarr.storage import LocalStore
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from ..geometry import Coord
 from .base import Volume, VolumePath, spatial_voxel_size
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
 from .tensorstore_io import TensorstoreVolume, kvstore, open_store
@@ -295,3 +297,50 @@ def _list_volumes(store: LocalStore, under: str = "") -> list[str]:
         return found
     walk(node)
     return found
+
+
+# ---------------------------------------------------------------------- image pyramids (blockpred.pyramid)
+
+
+@dataclass(frozen=True)
+class ImageLevels:
+    """An OME-NGFF image group blockpred wrote: how many levels its metadata names, and level 0's layout."""
+
+    num_levels: int
+    shape: Coord
+    voxel_size: tuple[float, ...] | None
+    chunks: Coord
+    #: None: level 0 is not sharded.
+    shards: Coord | None
+    zarr_format: int
+
+
+def read_image_levels(image: VolumePath) -> ImageLevels:
+    """The levels named by the image group at ``image`` and the layout of its array ``0``."""
+    store = LocalStore(image.container, read_only=True)
+    group = _node(store, image.dataset)
+    multiscales = find_multiscales(group.attrs.asdict()) if isinstance(group, zarr.Group) else None
+    if multiscales is None:
+        raise InvalidVolumeError(
+            f"{str(image)!r} must be an OME-NGFF image group (blockpred writes one for a zarr output); "
+            f"it is not one"
+        )
+    scale_path, voxel_size = first_scale(multiscales)
+    array = _node(store, f"{image.dataset}/{scale_path}" if image.dataset else scale_path)
+    if not isinstance(array, zarr.Array):
+        raise InvalidVolumeError(f"OME-NGFF image {str(image)!r} names its first scale {scale_path!r}, but no array is there")
+    shards = array.shards
+    return ImageLevels(len(multiscales[0].get("datasets", [])), Coord(array.shape[-3:]), voxel_size,
+                       Coord(array.chunks[-3:]), None if shards is None else Coord(shards[-3:]),
+                       array.metadata.zarr_format)
+
+
+def write_image_levels(image: VolumePath, scales: list, voxel_size: tuple[float, ...] | None,
+                       centred: bool) -> None:
+    """Name the levels ``0`` .. ``len(scales) - 1`` (factors from level 0) in the image group's metadata."""
+    store = LocalStore(image.container)
+    group = zarr.open_group(store, path=image.dataset, mode="r+")
+    base = _node(store, f"{image.dataset}/{SCALE_PATH}" if image.dataset else SCALE_PATH)
+    fmt = group.metadata.zarr_format
+    group.attrs.update(image_attributes(base.ndim, voxel_size, fmt, scales=[tuple(s) for s in scales],
+                                        centred=centred))

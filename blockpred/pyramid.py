@@ -1,0 +1,176 @@
+"""OME-Zarr pyramids: downsampled levels of a finished prediction, written blockwise.
+
+A zarr output is an OME-NGFF image group whose array ``0`` is the prediction.
+``--pyramid N`` adds the arrays ``1`` .. ``N``, each made from the one before
+(:func:`plan_levels` says how), and then lists all of them in the group's
+``multiscales`` metadata, so napari and neuroglancer open the result at any
+zoom.
+
+Factors.  Each level halves the axes whose voxels are finest: an axis is
+halved when twice its voxel size is at most the largest voxel size of the
+level before; when no axis qualifies (the voxels are near isotropic), every
+axis is halved.  EM at 40x4x4 nm thus goes 40x8x8, 40x16x16, 40x32x32, then
+80x64x64.  An axis of one voxel is never halved; a volume whose axes are all
+one voxel has no further level.
+
+Blockwise, bounded memory.  A level is written in units of its own write unit
+(its shard, or its chunk when not sharded), each read once from the level
+before (the unit times the factor), downsampled (:mod:`blockpred.downsample`)
+and written whole, by a few threads at a time: memory is a few units, never a
+level.  A level's shards cover the region of one shard of the level before
+(its shard shape divided by the factor, at least one chunk), so a unit reads
+at most one shard of the level before, the size of a prediction block.
+
+Crashes.  The metadata names a level only once every level is written; a run
+that finds levels it did not name computes them again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .downsample import check_method, downsample
+from .errors import InvalidOptionError
+from .geometry import Box, Coord
+from .io import VolumePath, create_volume, open_volume
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of a pyramid: ``index`` 0 is the prediction itself."""
+
+    index: int
+    #: Factor from the level before, per axis (z, y, x); (1, 1, 1) for level 0.
+    factor: Coord
+    #: Factor from level 0, per axis.
+    scale: Coord
+    shape: Coord
+    chunks: Coord
+    #: None: not sharded.
+    shards: Coord | None
+
+    @property
+    def write_unit(self) -> Coord:
+        return self.shards if self.shards is not None else self.chunks
+
+
+def _next_factor(voxel: tuple[float, ...], shape: Coord) -> Coord:
+    can = [n > 1 for n in shape]
+    if not any(can):
+        return Coord((1, 1, 1))
+    largest = max(v for v, c in zip(voxel, can) if c)
+    finest = [c and 2 * v <= largest for v, c in zip(voxel, can)]
+    chosen = finest if any(finest) else can
+    return Coord(2 if c else 1 for c in chosen)
+
+
+def max_levels(shape: Coord) -> int:
+    """How many levels a volume of ``shape`` can have beyond level 0 (until every axis is one voxel)."""
+    return max(int(n - 1).bit_length() for n in shape)
+
+
+def plan_levels(shape: Coord, voxel_size: tuple[float, ...] | None, num_levels: int, chunks: Coord,
+                shards: Coord | None) -> list[Level]:
+    """Level 0 (the prediction: ``shape``, ``chunks``, ``shards``) and ``num_levels`` levels below it."""
+    limit = max_levels(shape)
+    if not 0 <= num_levels <= limit:
+        raise InvalidOptionError(
+            f"pyramid levels must be between 0 and {limit} for a volume of shape {tuple(shape)} "
+            f"(a level halves an axis; at {limit} every axis is one voxel), got {num_levels}"
+        )
+    voxel = tuple(float(v) for v in (voxel_size or (1.0, 1.0, 1.0)))
+    levels = [Level(0, Coord((1, 1, 1)), Coord((1, 1, 1)), Coord(shape), Coord(chunks), shards)]
+    for index in range(1, num_levels + 1):
+        before = levels[-1]
+        factor = _next_factor(voxel, before.shape)
+        voxel = tuple(v * f for v, f in zip(voxel, factor))
+        level_shape = before.shape.ceil_div(factor)
+        level_chunks = Coord(chunks).minimum(level_shape)
+        level_shards = None
+        if before.shards is not None:
+            covered = before.shards.ceil_div(factor).minimum(level_shape).ceil_div(level_chunks) * level_chunks
+            level_shards = covered if covered != level_chunks else None
+        levels.append(Level(index, factor, before.scale * factor, level_shape, level_chunks, level_shards))
+    return levels
+
+
+@dataclass(frozen=True)
+class PyramidSummary:
+    levels: tuple[Level, ...]
+    method: str
+    seconds: float
+    #: Levels found written and named by an earlier run, so not computed again.
+    num_kept: int = 0
+
+    def __str__(self) -> str:
+        shapes = ", ".join(f"{lv.index}: {'x'.join(map(str, lv.shape))}" for lv in self.levels[1:])
+        kept = f", {self.num_kept} kept from an earlier run" if self.num_kept else ""
+        return f"pyramid: {len(self.levels) - 1} levels by {self.method} ({shapes}) in {self.seconds:.2f} s{kept}"
+
+
+def level_path(image: VolumePath, index: int) -> VolumePath:
+    """The array of level ``index`` inside the OME-NGFF image group ``image``."""
+    name = f"{image.dataset}/{index}" if image.dataset else str(index)
+    return VolumePath(image.format, image.container, name)
+
+
+def build_pyramid(image: VolumePath, num_levels: int, method: str = "mean", *, threads: int = 2,
+                  recompute: bool = True) -> PyramidSummary:
+    """Write ``num_levels`` levels below the zarr image ``image`` and name them in its metadata.
+
+    ``recompute=False`` keeps levels the metadata already names (a run that
+    predicted nothing new); otherwise every level is written again.
+    """
+    from .io.zarr import read_image_levels, write_image_levels
+
+    method = check_method(method)
+    started = time.perf_counter()
+    info = read_image_levels(image)
+    levels = plan_levels(info.shape, info.voxel_size, num_levels, info.chunks, info.shards)
+    if not recompute and info.num_levels - 1 >= num_levels:
+        return PyramidSummary(tuple(levels), method, time.perf_counter() - started, num_kept=num_levels)
+    for level in levels[1:]:
+        _write_level(image, levels[level.index - 1], level, method, threads)
+    write_image_levels(image, [lv.scale for lv in levels], info.voxel_size, centred=method != "stride")
+    summary = PyramidSummary(tuple(levels), method, time.perf_counter() - started)
+    logger.info("%s", summary)
+    return summary
+
+
+def _write_level(image: VolumePath, before: Level, level: Level, method: str, threads: int) -> None:
+    with open_volume(level_path(image, before.index)) as source:
+        sink = create_volume(level_path(image, level.index), spatial_shape=level.shape,
+                             num_channels=source.num_channels, dtype=source.dtype, chunk_shape=level.chunks,
+                             shard_shape=level.shards, ome=False, overwrite=True)
+        with sink, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blockpred-pyramid") as pool:
+            in_flight: deque[Future] = deque()
+
+            def one(unit: Box) -> None:
+                read_box = Box(unit.begin * level.factor, (unit.end * level.factor).minimum(before.shape))
+                data = source.read(read_box)
+                sink.write(unit, downsample(data, level.factor, method))  # disjoint write units: no lock
+
+            for unit in _units(level):
+                in_flight.append(pool.submit(one, unit))
+                if len(in_flight) >= 2 * threads:  # a few units in memory, never the level
+                    in_flight.popleft().result()
+            while in_flight:
+                in_flight.popleft().result()
+    logger.info("pyramid level %d: %s by %s from level %d", level.index, tuple(level.shape), tuple(level.factor),
+                before.index)
+
+
+def _units(level: Level):
+    grid = level.shape.ceil_div(level.write_unit)
+    volume = Box.from_shape(level.shape)
+    for z in range(grid[0]):
+        for y in range(grid[1]):
+            for x in range(grid[2]):
+                begin = Coord((z, y, x)) * level.write_unit
+                yield Box.from_shape(level.write_unit, begin).intersect(volume)
