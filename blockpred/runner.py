@@ -162,7 +162,7 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
     with open_volume(source_path) as source:
         p = prepare(cfg, source, source_path, target_path, measure=False)
-        volume_shape, dtype = source.spatial_shape, str(source.dtype)
+        volume_shape, dtype, voxel_size = source.spatial_shape, str(source.dtype), source.voxel_size
     block_plan = p.layout.plan
     if p.resumed:
         masked, finished = p.previous.masked(), p.previous.finished()
@@ -175,11 +175,17 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
     else:
         throughput = ThroughputLog().get(model_key_of(cfg, p.model), cfg.precision)
     num_masked = int(masked.sum())
+    pyramid: tuple = ()
+    if cfg.pyramid:
+        from .pyramid import plan_levels
+
+        levels = plan_levels(volume_shape, voxel_size, cfg.pyramid, p.layout.output.chunks, p.layout.output.shards)
+        pyramid = tuple(level.shape for level in levels[1:])
     return RunPlan(str(source_path), str(target_path), p.model.name, str(p.predictor.device), cfg.precision,
                    volume_shape, dtype, block_plan, p.settings.batch_size, p.out_channels, cfg.output_dtype.name,
                    p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
                    voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus),
-                   str(p.defaults) if p.defaults is not None else None)
+                   str(p.defaults) if p.defaults is not None else None, pyramid, cfg.pyramid_method)
 
 
 def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:

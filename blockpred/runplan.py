@@ -62,6 +62,9 @@ class RunPlan:
     gpus: tuple[int, ...] = (1, 2, 4, 8)
     #: How the block, batch and memory format the options left open were chosen (see blockpred.defaults).
     defaults: str | None = None
+    #: The pyramid levels (``pyramid=N``) below level 0: their shapes, and how they are made.
+    pyramid: tuple[Coord, ...] = ()
+    pyramid_method: str = "mean"
 
     @property
     def num_todo(self) -> int:
@@ -96,6 +99,10 @@ class RunPlan:
             f"{self.output_files:,} {files} file{'' if self.output_files == 1 else 's'} for "
             f"{_voxels(self.voxels_to_predict)} to predict",
         ]
+        if self.pyramid:
+            shapes = ", ".join(_shape(shape) for shape in self.pyramid)
+            lines.append(f"pyramid   {len(self.pyramid)} level{'s' if len(self.pyramid) > 1 else ''} by "
+                         f"{self.pyramid_method} after the prediction: {shapes}")
         if self.defaults is not None:
             lines.insert(2, f"chosen    {self.defaults}")
         if self.throughput is None:

@@ -209,3 +209,11 @@ def test_the_command_line_writes_the_pyramid_and_says_so(raw, tmp_path, capsys):
     assert "pyramid: 1 levels by mean (1: 20x22x19)" in capsys.readouterr().out
     attributes = json.loads((tmp_path / "cli.zarr" / "zarr.json").read_text())["attributes"]
     assert [d["path"] for d in attributes["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
+
+
+def test_the_plan_lists_the_levels_it_would_write_and_writes_nothing(raw, tmp_path):
+    source, _ = raw
+    planned = blockpred.plan(source, str(tmp_path / "planned.zarr"), pyramid=2, pyramid_method="stride", **PINNED)
+    assert planned.pyramid == (Coord((20, 22, 19)), Coord((20, 11, 10)))
+    assert "pyramid   2 levels by stride after the prediction: 20x22x19, 20x11x10" in str(planned)
+    assert not (tmp_path / "planned.zarr").exists()
