@@ -217,3 +217,13 @@ def test_the_plan_lists_the_levels_it_would_write_and_writes_nothing(raw, tmp_pa
     assert planned.pyramid == (Coord((20, 22, 19)), Coord((20, 11, 10)))
     assert "pyramid   2 levels by stride after the prediction: 20x22x19, 20x11x10" in str(planned)
     assert not (tmp_path / "planned.zarr").exists()
+
+
+def test_adding_a_pyramid_to_a_finished_run_predicts_nothing_and_writes_the_levels(raw, tmp_path):
+    source, _ = raw
+    out = str(tmp_path / "later.zarr")
+    blockpred.predict(source, out, **PINNED)
+    summary = blockpred.predict(source, out, pyramid=2, **PINNED)
+    assert summary.stats.num_blocks == 0 and summary.num_resumed > 0 and len(summary.pyramid.levels) == 3
+    ome_zarr_models.v05.Image.from_zarr(zarr.open_group(out, mode="r"))
+    _levels_from_full_resolution(zarr.open_group(out, mode="r"), 2, "mean")
