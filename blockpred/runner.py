@@ -138,8 +138,9 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         from .pyramid import build_pyramid
 
         # Levels an earlier run wrote and named stand, unless this run predicted blocks under them.
-        pyramid = build_pyramid(target_path, cfg.pyramid, cfg.pyramid_method, threads=p.settings.num_writers,
-                                recompute=summary.stats.num_blocks > 0)
+        # The client is idle by now: its cores (up to 8; memory is a few write units per thread) make the levels.
+        pyramid = build_pyramid(target_path, cfg.pyramid, cfg.pyramid_method,
+                                threads=max(2, min(8, os.cpu_count() or 2)), recompute=summary.stats.num_blocks > 0)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
                                pyramid=pyramid)
 
