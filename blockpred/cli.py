@@ -21,10 +21,12 @@ logger = logging.getLogger("blockpred")
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
-    g.add_argument("--model", help="preset (tiny, cremi2018, unet32), model file, or package.module:factory [tiny]")
+    g.add_argument("--model", help="preset (tiny, cremi2018, unet32), model file, package.module:factory, or a "
+                   "bioimage.io package (rdf.yaml, its folder, or .zip) [tiny]")
     g.add_argument("--weights", help="state-dict file for a factory or preset (loaded with weights_only=True)")
     g.add_argument("--trust-pickle", action="store_true", default=None,
-                   help="allow unpickling a whole checkpoint; this runs code from the file, so only for trusted files")
+                   help="allow unpickling a whole checkpoint, or running a bioimage.io package's architecture "
+                        "source; this runs code from the file, so only for trusted files")
     g = parser.add_argument_group("blocks")
     g.add_argument("--block", help="block core Z,Y,X (or one number): what one block writes; auto: the fastest "
                    "that fits the device, by a full trial search (cached) [measured from the model's default when "
@@ -71,6 +73,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    "(OME-NGFF multiscales, for viewers) [0]")
     g.add_argument("--pyramid-method", choices=("mean", "mode", "stride"),
                    help="how each level is made from the one before: mean, mode (labels) or stride [mean]")
+    g.add_argument("--storage-option", dest="storage_options", action="append", metavar="KEY=VALUE",
+                   help="for s3:// paths, over the AWS environment and config: endpoint_url=URL, region=NAME, "
+                        "anonymous=true (no signing), profile=NAME; repeatable")
     g.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
 
@@ -78,7 +83,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
              "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
-             "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method")
+             "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method",
+             "storage_options")
 
 
 class _Parser(argparse.ArgumentParser):

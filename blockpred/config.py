@@ -21,6 +21,7 @@ from .errors import InputNotFoundError, InvalidOptionError
 from .geometry import Box, Coord
 from .layout import SHARD_CHOICES
 from .normalize import Normalization, parse_output_dtype
+from .io.stores import StorageOptions
 from .padding import PAD_MODES
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -32,14 +33,15 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 class RunConfig:
     """Everything that decides how a prediction runs.  ``None`` means "derive it"."""
 
-    #: Preset name (tiny, cremi2018, unet32), model file, ``package.module:factory``,
-    #: or (Python API only) a ``torch.nn.Module``.
+    #: Preset name (tiny, cremi2018, unet32), model file, ``package.module:factory``, a bioimage.io
+    #: package (rdf.yaml, its folder or .zip), or (Python API only) a ``torch.nn.Module``.
     model: Any = "tiny"
     #: State-dict file for a factory or preset; loaded with ``weights_only=True``.
     weights: str | None = None
     #: Keyword arguments for a factory, or architecture facts a state dict cannot tell.
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    #: Allow unpickling a whole checkpoint (runs code from the file: only for trusted files).
+    #: Allow unpickling a whole checkpoint, or a bioimage.io package's architecture source (runs code from
+    #: the file: only for trusted files).
     trust_pickle: bool = False
     #: Block core shape (z, y, x): what one block writes.  None: measured when the run is long enough
     #: to pay for it, starting from the model's default (else 64^3; see :mod:`blockpred.defaults`);
@@ -104,6 +106,9 @@ class RunConfig:
     pyramid: int = 0
     #: How a pyramid level is made from the one before: mean, mode (labels) or stride.
     pyramid_method: str = "mean"
+    #: How to reach object stores (``s3://`` paths of input, output, mask and markers): endpoint_url,
+    #: region, anonymous, profile; over the AWS environment variables and config (see blockpred.io.stores).
+    storage_options: StorageOptions = StorageOptions()
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -233,6 +238,8 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "model":
         # A name or path; the Python API also takes a torch.nn.Module as it is.
         return str(value) if isinstance(value, (str, os.PathLike)) else value
+    if name == "storage_options":
+        return StorageOptions.parse(value)
     if name in ("weights", "device", "scheduler", "mask"):
         return str(value)
     return value

@@ -32,6 +32,10 @@ class InvalidOptionError(BlockpredError, ValueError):
     """An option (block, halo, ROI, precision, normalisation...) is invalid."""
 
 
+class StorageAccessError(BlockpredError, PermissionError):
+    """An object store refused a request (credentials) or could not be reached (endpoint)."""
+
+
 class ModelLoadError(BlockpredError, ValueError):
     """A model file is corrupt, of an unknown kind, or does not fit the volume."""
 

@@ -96,3 +96,4 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     finally:
         source.close()
         sink.close()
+        markers.flush()  # on an object store: this job's buffered marks, written before the job reports back

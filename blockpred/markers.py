@@ -23,15 +23,28 @@ Reading the finished set is a bulk read of those few files into a boolean
 grid; re-running the same command skips finished blocks, and a run whose
 fingerprint differs is refused with the list of what changed.  Markers of an
 older blockpred (one chunk file per block under ``done/c/``) are still read.
+
+On an object store (an ``s3://`` output) the markers live on the same store
+beside the output (``s3://b/vol.zarr/raw`` -> ``s3://b/vol.zarr.blockpred/raw``).
+Objects cannot be appended to, so a process buffers its marks and writes them
+as a new small object ``done/<host>-<pid>-<random>-<seq>.ids`` (same records)
+every :data:`FLUSH_MARKS` marks, at most :data:`FLUSH_S` seconds after a mark
+(a timer), at the end of every job (:meth:`DoneMarkers.flush`) and at exit.
+A mark is still made only after the block's write committed; a crash loses at
+most the marks not yet flushed, and those blocks are computed again, writing
+the same values.  Reading lists ``done/`` and reads its objects at once.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import shutil
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +55,11 @@ import zarr
 
 from .blocking import Block, BlockPlan
 from .geometry import Coord
+from .io import stores
 from .io.base import VolumePath
+from .io.stores import ObjectUrl
+
+log = logging.getLogger(__name__)
 
 _ROOT_NAME = "_root"
 #: One log record: a block id.
@@ -50,11 +67,15 @@ _RECORD = np.dtype("<i8")
 _LOG_SUFFIX = ".ids"
 #: Chunks of the ``masked`` array, in blocks (a few chunks even for millions of blocks).
 _MASKED_CHUNKS = (64, 128, 128)
+#: On an object store: a process writes its buffered marks as one object every this many marks ...
+FLUSH_MARKS = 512
+#: ... and at most this many seconds after a mark.
+FLUSH_S = 1.0
 
 
-def markers_path(target: VolumePath) -> Path:
+def markers_path(target: VolumePath) -> Path | ObjectUrl:
     """Where the markers of an output live: beside its container, named after its dataset."""
-    container = Path(os.path.abspath(target.container))
+    container = target.absolute().container
     return container.with_name(container.name + ".blockpred") / (target.dataset or _ROOT_NAME)
 
 
@@ -90,21 +111,29 @@ _LOGS_LOCK = threading.Lock()
 class DoneMarkers:
     """The markers of one output; cheap to pickle (it holds paths and the grid only)."""
 
-    path: Path
+    path: Path | ObjectUrl
     grid_begin: Coord
     grid_shape: Coord
     #: Tells one creation of the markers from another at the same path (a log is never reused).
     token: str = ""
 
     # ----------------------------------------------------------------- life cycle
+    @property
+    def remote(self) -> bool:
+        """True for markers on an object store (marks buffered and written as objects)."""
+        return isinstance(self.path, ObjectUrl)
+
     @classmethod
-    def create(cls, path: Path, plan: BlockPlan, fingerprint: Mapping[str, Any],
+    def create(cls, path: Path | ObjectUrl, plan: BlockPlan, fingerprint: Mapping[str, Any],
                masked: np.ndarray | None = None) -> "DoneMarkers":
         """New markers for ``plan``; ``masked`` (a boolean grid) marks the blocks a mask leaves out."""
-        if path.exists():
+        remote = isinstance(path, ObjectUrl)
+        if remote:
+            stores.delete_prefix(path)
+        elif path.exists():
             shutil.rmtree(path)
         token = uuid.uuid4().hex
-        group = zarr.open_group(str(path), mode="w", zarr_format=3)
+        group = zarr.open_group(_zarr_location(path), mode="w", zarr_format=3)
         group.attrs["blockpred"] = {"fingerprint": as_json(fingerprint), "grid_begin": list(plan.grid_begin),
                                     "grid_shape": list(plan.grid_shape), "token": token}
         if masked is not None and masked.any():
@@ -114,26 +143,33 @@ class DoneMarkers:
             array = group.create_array("masked", shape=masked.shape, chunks=chunks, dtype="uint8", fill_value=0)
             array[...] = masked.astype(np.uint8)
         for name in ("done", "skipped"):
-            (path / name).mkdir()
+            if not remote:  # an object store has no directories: the logs' keys make them
+                (path / name).mkdir()
         return cls(path, plan.grid_begin, plan.grid_shape, token)
 
     @classmethod
-    def open(cls, path: Path) -> "DoneMarkers | None":
+    def open(cls, path: Path | ObjectUrl) -> "DoneMarkers | None":
         """The markers at ``path``, or None when there are none (or they are unreadable)."""
-        if not (path / "zarr.json").is_file():
+        if isinstance(path, ObjectUrl):
+            if stores.read_bytes(path / "zarr.json") is None:
+                return None
+        elif not (path / "zarr.json").is_file():
             return None
         try:
-            meta = zarr.open_group(str(path), mode="r").attrs["blockpred"]
+            meta = zarr.open_group(_zarr_location(path, read_only=True), mode="r").attrs["blockpred"]
             return cls(path, Coord(meta["grid_begin"]), Coord(meta["grid_shape"]), meta.get("token", ""))
         except (KeyError, ValueError, TypeError, FileNotFoundError):
             return None
 
     @property
     def fingerprint(self) -> dict[str, Any]:
-        return dict(zarr.open_group(str(self.path), mode="r").attrs["blockpred"]["fingerprint"])
+        return dict(zarr.open_group(_zarr_location(self.path, read_only=True), mode="r").attrs["blockpred"]["fingerprint"])
 
     @staticmethod
-    def remove(path: Path) -> None:
+    def remove(path: Path | ObjectUrl) -> None:
+        if isinstance(path, ObjectUrl):
+            stores.delete_prefix(path)
+            return
         if path.exists():
             shutil.rmtree(path)
         parent = path.parent
@@ -159,7 +195,10 @@ class DoneMarkers:
 
     def _mark(self, name: str, block: Block) -> None:
         block_id = self.block_id(block.index)
-        os.write(self._log(name), _RECORD.type(block_id).tobytes())  # one append: a whole record or none
+        if self.remote:
+            _buffer(self.path, self.token, name).add(block_id)
+        else:
+            os.write(self._log(name), _RECORD.type(block_id).tobytes())  # one append: a whole record or none
         with _LOGS_LOCK:
             _MARKED.setdefault((str(self.path), self.token), set()).add(block_id)
 
@@ -171,6 +210,14 @@ class DoneMarkers:
         """Record that ``block`` needs no network (its input is empty)."""
         self._mark("skipped", block)
 
+    def flush(self) -> None:
+        """Write this process's buffered marks (object stores; local marks are written as they come)."""
+        if self.remote:
+            for name in ("done", "skipped"):
+                buffer = _BUFFERS.get((str(self.path), self.token, name, os.getpid()))
+                if buffer is not None:
+                    buffer.flush(raise_errors=True)
+
     def marked_here(self, block: Block) -> bool:
         """True when this process marked ``block`` (a retried task skips what it finished)."""
         marked = _MARKED.get((str(self.path), self.token))
@@ -179,6 +226,8 @@ class DoneMarkers:
     # ----------------------------------------------------------------- reading, in bulk
     def _ids(self, name: str) -> np.ndarray:
         """Every block id in the ``name`` logs (and an older blockpred's chunk files), unsorted."""
+        if self.remote:
+            return _remote_ids(self.path / name)
         parts = []
         directory = self.path / name
         for entry in os.scandir(directory) if directory.is_dir() else ():
@@ -203,9 +252,12 @@ class DoneMarkers:
 
     def masked(self) -> np.ndarray:
         """The boolean grid of blocks the run's mask leaves out (all False without a mask)."""
-        if not (self.path / "masked" / "zarr.json").is_file():
+        if self.remote:
+            if stores.read_bytes(self.path / "masked" / "zarr.json") is None:
+                return np.zeros(tuple(self.grid_shape), dtype=bool)
+        elif not (self.path / "masked" / "zarr.json").is_file():
             return np.zeros(tuple(self.grid_shape), dtype=bool)
-        return zarr.open_array(str(self.path / "masked"), mode="r")[...].astype(bool)
+        return zarr.open_array(_zarr_location(self.path / "masked", read_only=True), mode="r")[...].astype(bool)
 
     def _grid(self, *names: str) -> np.ndarray:
         grid = np.zeros(self.grid_shape.prod(), dtype=bool)
@@ -234,6 +286,101 @@ class DoneMarkers:
 
     def finished_indices(self) -> set[Coord]:
         return self._indices(self.finished())
+
+
+def _zarr_location(path: Path | ObjectUrl, read_only: bool = False):
+    """What zarr-python opens the markers' group (or array) at: a local path, or a store on the object store."""
+    return stores.zarr_store(path, read_only=read_only) if isinstance(path, ObjectUrl) else str(path)
+
+
+# ----------------------------------------------------------------- marks on an object store
+
+
+class _MarkBuffer:
+    """One process's unwritten marks of one kind for one set of markers on an object store."""
+
+    def __init__(self, directory: ObjectUrl):
+        self.directory = directory
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.ids: list[int] = []
+        self.seq = 0
+        self.last_flush = time.monotonic()
+        self.lock = threading.Lock()
+        #: Held while marks are written: one write at a time, and a final flush waits for a timer's write.
+        self.write_lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+
+    def add(self, block_id: int) -> None:
+        """Buffer a mark.  Never writes here: marks come from tensorstore's own callback threads, which must
+        not wait on tensorstore; a timer thread writes them (at once when due, else within ``FLUSH_S``)."""
+        with self.lock:
+            self.ids.append(block_id)
+            due = len(self.ids) >= FLUSH_MARKS or time.monotonic() - self.last_flush >= FLUSH_S
+            if self.timer is not None and due:
+                self.timer.cancel()
+                self.timer = None
+            if self.timer is None:
+                self.timer = threading.Timer(0.0 if due else FLUSH_S, self.flush)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def flush(self, raise_errors: bool = False) -> None:
+        """Write the buffered marks as one new object ``<name>-<seq>.ids``; returns once they are stored."""
+        with self.write_lock:
+            with self.lock:
+                ids, self.ids = self.ids, []
+                if self.timer is not None:
+                    self.timer.cancel()
+                    self.timer = None
+                self.last_flush = time.monotonic()
+                if not ids:
+                    return
+                seq, self.seq = self.seq, self.seq + 1
+            try:
+                stores.write_bytes(self.directory / f"{self.name}-{seq:08d}{_LOG_SUFFIX}",
+                                   np.asarray(ids, dtype=_RECORD).tobytes())
+            except Exception:
+                with self.lock:
+                    self.ids[:0] = ids  # kept for the next flush
+                if raise_errors:
+                    raise
+                log.warning("writing %d done marks to %s failed; kept for the next flush", len(ids),
+                            self.directory, exc_info=True)
+
+
+_BUFFERS: dict[tuple[str, str, str, int], _MarkBuffer] = {}
+
+
+def _buffer(path: ObjectUrl, token: str, name: str) -> _MarkBuffer:
+    key = (str(path), token, name, os.getpid())
+    buffer = _BUFFERS.get(key)
+    if buffer is None:
+        with _LOGS_LOCK:
+            buffer = _BUFFERS.setdefault(key, _MarkBuffer(path / name))
+    return buffer
+
+
+@atexit.register
+def _flush_all() -> None:
+    """At exit (not on a kill): every buffered mark of this process."""
+    for key, buffer in list(_BUFFERS.items()):
+        if key[3] == os.getpid():
+            buffer.flush()
+
+
+def _remote_ids(directory: ObjectUrl) -> np.ndarray:
+    """The block ids of every mark object below ``directory``, read at once."""
+    kv = stores.bucket_kvstore(directory)
+    keys = [key for key in stores.list_keys(directory) if key.endswith(_LOG_SUFFIX)]
+    pending = [kv.read(f"{directory.key}/{key}") for key in keys]
+    parts = []
+    for key, future in zip(keys, pending):
+        try:
+            raw = bytes(future.result().value)
+        except ValueError as error:
+            raise stores.storage_error(directory / key, error) from error
+        parts.append(np.frombuffer(raw[: len(raw) - len(raw) % _RECORD.itemsize], dtype=_RECORD))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 __all__ = ["DoneMarkers", "markers_path", "describe_changes", "as_json"]

@@ -17,7 +17,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -42,6 +41,7 @@ from .layout import OutputLayout, block_step, choose_layout
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
 from .memformat import REPEATS as FORMAT_REPEATS
+from .models.bioimageio import STATISTICS_KEY, is_package
 from .memformat import FormatChoice, choose_memory_format
 from .network import NetworkGeometry, probe_network
 from .pipeline import DeviceSteps, PipelineSettings, Predictor, is_out_of_memory, resolve_device
@@ -66,7 +66,7 @@ def default_output_path(source: VolumePath) -> VolumePath:
 
 
 def _same_container(a: VolumePath, b: VolumePath) -> bool:
-    return Path(os.path.abspath(a.container)) == Path(os.path.abspath(b.container))
+    return a.absolute().container == b.absolute().container
 
 
 def check_output_path(source: VolumePath, target: VolumePath) -> None:
@@ -128,8 +128,9 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
 
         if len(local_worker_envs(cfg.device, None)) == 1:
             cfg = cfg.replace(local=True)
-    source_path = parse_volume_path(input)
-    target_path = parse_volume_path(output) if output is not None else default_output_path(source_path)
+    source_path = parse_volume_path(input, cfg.storage_options)
+    target_path = (parse_volume_path(output, cfg.storage_options) if output is not None
+                   else default_output_path(source_path))
     check_output_path(source_path, target_path)
     if target_path.format == "n5" and cfg.output_dtype.name == "float16":
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
@@ -141,8 +142,9 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
 
 
 def model_key_of(cfg: RunConfig, model) -> dict:
+    kwargs = {k: v for k, v in cfg.model_kwargs.items() if k != STATISTICS_KEY}  # speed does not depend on them
     return model_key(model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind, model.weights_sha256,
-                     dict(cfg.model_kwargs))
+                     kwargs)
 
 
 @dataclass(frozen=True)
@@ -215,8 +217,13 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         check_hdf5_writers(target_path, len(local_worker_envs(cfg.device, cfg.workers)))
     if on_paths_checked is not None:
         on_paths_checked(previous if previous is not None and not cfg.overwrite else None)
-    mask = Mask.open(parse_volume_path(cfg.mask), source.spatial_shape) if cfg.mask is not None else None
+    mask = (Mask.open(parse_volume_path(cfg.mask, cfg.storage_options), source.spatial_shape)
+            if cfg.mask is not None else None)
     device = _client_device(cfg)
+    if is_package(cfg.model):  # bioimage.io: normalisation none, the volume's statistics for every worker
+        from .models.bioimageio_stats import configure_run
+
+        cfg = configure_run(cfg, source)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
     model = spec.load()
     in_channels = source.num_channels or 1
@@ -319,7 +326,7 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
                  channels, mask: Mask | None) -> dict:
     """Everything that decides the output's values and layout (see :mod:`blockpred.markers`)."""
     return {
-        "input": os.path.abspath(str(source_path)), "input_shape": source.shape, "input_dtype": str(source.dtype),
+        "input": str(source_path.absolute()), "input_shape": source.shape, "input_dtype": str(source.dtype),
         "model": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
         "model_weights": model.weights_sha256, "model_kwargs": dict(cfg.model_kwargs),
         "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
@@ -328,7 +335,7 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
         "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": output.chunks,
         "output_shards": output.shards,
         "channels": channels, "skip_empty": cfg.skip_empty,
-        "mask": None if mask is None else [os.path.abspath(str(mask.path)), mask.mask_shape],
+        "mask": None if mask is None else [str(mask.path.absolute()), mask.mask_shape],
     }
 
 

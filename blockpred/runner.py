@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -224,7 +223,7 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
 
 def _absolute(path: VolumePath) -> VolumePath:
     """The path as workers in other directories (or on other machines, over a shared disk) see it."""
-    return VolumePath(path.format, Path(os.path.abspath(path.container)), path.dataset)
+    return path.absolute()  # a URL stays as it is
 
 
 def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) -> RunStats:

@@ -21,3 +21,26 @@ import pytest  # noqa: E402
 def _private_size_cache(tmp_path, monkeypatch):
     """``--block auto`` caches its trials: each test gets its own cache, never the user's."""
     monkeypatch.setenv("BLOCKPRED_CACHE_DIR", str(tmp_path / "blockpred-cache"))
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (moto_server) on 127.0.0.1 for the whole session (see tests/s3server.py)."""
+    from tests.s3server import S3Server
+
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """A fresh bucket on :func:`s3_server`, and the AWS environment (endpoint, fake keys) pointing at it."""
+    from tests.s3server import CREDENTIALS, S3Bucket
+
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    return S3Bucket(s3_server, s3_server.create_bucket())

@@ -15,6 +15,7 @@ import blockpred
 from blockpred.cli import main
 from blockpred.downsample import downsample
 from blockpred.geometry import Coord
+from blockpred.io import stores
 from blockpred.pyramid import max_levels, plan_levels
 from tests.helpers import write_test_volume
 
@@ -227,3 +228,17 @@ def test_adding_a_pyramid_to_a_finished_run_predicts_nothing_and_writes_the_leve
     assert summary.stats.num_blocks == 0 and summary.num_resumed > 0 and len(summary.pyramid.levels) == 3
     ome_zarr_models.v05.Image.from_zarr(zarr.open_group(out, mode="r"))
     _levels_from_full_resolution(zarr.open_group(out, mode="r"), 2, "mean")
+
+
+def test_a_pyramid_on_s3_validates_and_equals_the_same_pyramid_on_local_files(raw, s3, tmp_path):
+    source, _ = raw
+    local, remote = str(tmp_path / "local.zarr/pred"), s3.url("remote.zarr/pred")
+    blockpred.predict(source, local, pyramid=2, **PINNED)
+    blockpred.predict(source, remote, pyramid=2, **PINNED)
+    container = stores.parse_url(s3.url("remote.zarr"), stores.StorageOptions(endpoint_url=s3.endpoint))
+    group = zarr.open_group(stores.zarr_store(container, read_only=True), path="pred", mode="r")
+    ome_zarr_models.v05.Image.from_zarr(group)
+    here = zarr.open_group(local, mode="r")
+    assert group.attrs.asdict() == here.attrs.asdict()
+    for level in "012":
+        assert group[level][...].tobytes() == here[level][...].tobytes()

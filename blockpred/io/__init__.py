@@ -3,6 +3,8 @@
 * ``vol.zarr[/path/in/group]`` -> :mod:`blockpred.io.zarr` (zarr formats 2 and 3, OME-NGFF images)
 * ``vol.n5/dataset``           -> :mod:`blockpred.io.n5` (tensorstore; axes presented as (c,) z, y, x)
 * ``file.h5:/dataset``         -> :mod:`blockpred.io.hdf5` (h5py; one shared handle per file)
+* ``precomputed://DIR[#scale=KEY]`` (or ``DIR/info``) -> :mod:`blockpred.io.precomputed`
+  (tensorstore; neuroglancer precomputed, axes presented as (c,) z, y, x)
 
 Backends are imported on first use, so opening an HDF5 file never imports
 tensorstore.

@@ -9,11 +9,21 @@ Paths name a format by their shape (:func:`parse_volume_path`):
 * ``vol.zarr`` or ``vol.zarr/path/in/group``  -> zarr (formats 2 and 3)
 * ``vol.n5/dataset``                          -> N5 (through tensorstore)
 * ``file.h5:/dataset`` (also ``.hdf5``, ``.hdf``) -> HDF5 (through h5py)
+* ``precomputed://DIR``, ``DIR/info``, or a directory holding a precomputed
+  ``info`` -> neuroglancer precomputed (through tensorstore); ``#scale=KEY``
+  (or ``#scale=INDEX``) picks a scale, kept as the path's dataset
+
+Any of these but HDF5 may live on an object store: ``s3://bucket/path/vol.zarr/raw``,
+``s3://bucket/vol.n5/raw``, ``precomputed://s3://bucket/em`` (``gs://`` alike).  The
+container is then an :class:`~blockpred.io.stores.ObjectUrl` carrying the storage
+options that reach it (see :mod:`blockpred.io.stores`).
 """
 
 from __future__ import annotations
 
 import abc
+import json
+import os
 import re
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -24,8 +34,9 @@ import numpy as np
 
 from ..errors import InvalidOptionError, InvalidVolumeError
 from ..geometry import Box, Coord
+from .stores import ObjectUrl, StorageOptions, is_url, parse_url
 
-Format = Literal["zarr", "n5", "hdf5"]
+Format = Literal["zarr", "n5", "hdf5", "precomputed"]
 
 #: Input dtypes blockpred can normalise and feed to a network.
 SUPPORTED_INPUT_DTYPES = tuple(
@@ -35,19 +46,33 @@ SUPPORTED_INPUT_DTYPES = tuple(
 SUPPORTED_OUTPUT_DTYPES = tuple(np.dtype(t) for t in ("float32", "float16", "uint8"))
 
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+PRECOMPUTED_SCHEME = "precomputed://"
 
 
 @dataclass(frozen=True, slots=True)
 class VolumePath:
-    """Where a volume lives: its format, its container on disk, and the dataset inside."""
+    """Where a volume lives: its format, its container (a local path or an object-store URL), and the dataset inside."""
 
     format: Format
-    container: Path
+    container: Path | ObjectUrl
     dataset: str = ""
+
+    @property
+    def is_remote(self) -> bool:
+        """True when the container is on an object store (``s3://``, ``gs://``)."""
+        return isinstance(self.container, ObjectUrl)
+
+    def absolute(self) -> "VolumePath":
+        """The path as processes in other directories see it (a URL is already absolute)."""
+        if self.is_remote:
+            return self
+        return VolumePath(self.format, Path(os.path.abspath(self.container)), self.dataset)
 
     def __str__(self) -> str:
         if self.format == "hdf5":
             return f"{self.container}:/{self.dataset}"
+        if self.format == "precomputed":  # the dataset is a scale (key or index)
+            return f"{PRECOMPUTED_SCHEME}{self.container}" + (f"#scale={self.dataset}" if self.dataset else "")
         return str(self.container / self.dataset) if self.dataset else str(self.container)
 
     def sibling(self, name: str) -> "VolumePath":
@@ -56,12 +81,19 @@ class VolumePath:
         return VolumePath(self.format, self.container, f"{parent}/{name}" if parent else name)
 
 
-def parse_volume_path(text: str | Path) -> VolumePath:
+def parse_volume_path(text: str | Path, storage_options=None) -> VolumePath:
     """Split a user's path into format, container and dataset.
 
+    ``storage_options`` (a :class:`StorageOptions`, a mapping or ``KEY=VALUE``
+    strings) go with an object-store URL's container; a local path ignores them.
     Raises :class:`InvalidOptionError` when no format can be told from the path.
     """
     text = str(text)
+    options = StorageOptions.parse(storage_options)
+    if text.startswith(PRECOMPUTED_SCHEME):
+        return _precomputed_path(text[len(PRECOMPUTED_SCHEME) :], text, options)
+    if is_url(text):
+        return _url_path(text, options)
     match = re.match(r"^(.*?\.(?:h5|hdf5|hdf))(?::/?|/)(.*)$", text, flags=re.IGNORECASE)
     if match:
         return VolumePath("hdf5", Path(match.group(1)), match.group(2).strip("/"))
@@ -78,10 +110,61 @@ def parse_volume_path(text: str | Path) -> VolumePath:
         return VolumePath("zarr", path, "")
     if (path / "attributes.json").exists():
         return VolumePath("n5", path, "")
+    base = text.partition("#")[0]
+    if Path(base).name == "info" or _is_precomputed_directory(Path(base)):
+        return _precomputed_path(text, text)
     raise InvalidOptionError(
         f"cannot tell the format of {text!r}: name a zarr (vol.zarr[/dataset]), "
-        f"N5 (vol.n5/dataset) or HDF5 (file.h5:/dataset) volume"
+        f"N5 (vol.n5/dataset), HDF5 (file.h5:/dataset) or precomputed (precomputed://DIR) volume"
     )
+
+
+def _url_path(text: str, options: StorageOptions) -> VolumePath:
+    """``s3://bucket/a/vol.zarr/raw`` -> zarr in container ``s3://bucket/a/vol.zarr``, dataset ``raw``."""
+    url = parse_url(text, options)
+    parts = url.key.split("/") if url.key else []
+    for i, part in enumerate(parts):
+        lower = part.lower()
+        if lower.endswith(_HDF5_SUFFIXES) or re.search(r"\.(h5|hdf5|hdf):", lower):
+            raise InvalidOptionError(
+                f"HDF5 is read and written as a local file only, got {text!r}; copy it to a local disk, "
+                f"or convert it to zarr"
+            )
+        if lower.endswith(".zarr") or lower.endswith(".n5"):
+            fmt: Format = "zarr" if lower.endswith(".zarr") else "n5"
+            container = ObjectUrl(url.scheme, url.bucket, "/".join(parts[: i + 1]), options)
+            return VolumePath(fmt, container, "/".join(parts[i + 1 :]))
+    raise InvalidOptionError(
+        f"cannot tell the format of {text!r}: on an object store name a zarr ({url.scheme}://bucket/vol.zarr[/dataset]), "
+        f"N5 ({url.scheme}://bucket/vol.n5/dataset) or precomputed (precomputed://{url.scheme}://bucket/dir) volume"
+    )
+
+
+def _precomputed_path(location: str, text: str, options: StorageOptions | None = None) -> VolumePath:
+    """``DIR[/info][#scale=KEY|INDEX]`` as a precomputed path; the scale goes into the dataset."""
+    location, hash_sign, fragment = location.partition("#")
+    scale = ""
+    if hash_sign:
+        if not fragment.startswith("scale=") or not fragment[len("scale=") :]:
+            raise InvalidOptionError(
+                f"a precomputed path ends in '#scale=KEY' or '#scale=INDEX' (such as #scale=0), got {text!r}"
+            )
+        scale = fragment[len("scale=") :]
+    if not location:
+        raise InvalidOptionError(f"{text!r} names no directory; write precomputed://DIR, such as precomputed://em")
+    path = parse_url(location, options) if is_url(location) else Path(location)
+    if path.name == "info":
+        path = path.parent
+    return VolumePath("precomputed", path, scale)
+
+
+def _is_precomputed_directory(path: Path) -> bool:
+    """True when ``path`` holds an ``info`` file of @type neuroglancer_multiscale_volume."""
+    try:
+        info = json.loads((path / "info").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("@type") == "neuroglancer_multiscale_volume"
 
 
 class Volume(abc.ABC):

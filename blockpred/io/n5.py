@@ -22,6 +22,10 @@ New datasets (:func:`create`):
 
 Writes to disjoint, block-aligned boxes touch disjoint block files, so
 threads may write at once.
+
+On an object store (``s3://bucket/vol.n5/raw``) ``attributes.json`` is read
+and written as an object (:mod:`.stores`), a dataset is removed by deleting
+the objects below its prefix, and error messages list no datasets.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ import numpy as np
 import tensorstore as ts
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from . import stores
 from .base import VolumePath, spatial_voxel_size
+from .stores import ObjectUrl
 from .tensorstore_io import TensorstoreVolume, context, kvstore, open_store
 
 log = logging.getLogger(__name__)
@@ -96,14 +102,20 @@ def remove_volume(path: VolumePath) -> None:
     Refuses a group, since that would remove several datasets.
     """
     directory = _directory(path)
-    if not directory.exists():
+    if path.is_remote:
+        if _read_attributes(directory) is None:
+            return
+    elif not directory.exists():
         return
     if not _is_dataset(directory):
         raise InvalidOptionError(
             f"{str(path)!r} is an N5 group, not a dataset; blockpred removes one dataset at a time, "
             f"name one of: {_list_datasets(directory)}"
         )
-    shutil.rmtree(directory)
+    if path.is_remote:
+        stores.delete_prefix(directory)  # the dataset's objects only (keys below "vol.n5/dataset/")
+    else:
+        shutil.rmtree(directory)
     log.info("removed N5 dataset %s", path)
 
 
@@ -131,7 +143,7 @@ def create_volume(
     if fill_value not in (0, None):
         raise InvalidOptionError(f"N5 has no fill value (missing blocks read as 0); got fill_value={fill_value!r}")
     directory = _directory(path)
-    if directory.exists():
+    if (_read_attributes(directory) is not None) if path.is_remote else directory.exists():
         if not overwrite:
             raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
         remove_volume(path)
@@ -153,11 +165,18 @@ def _spec(path: VolumePath) -> dict:
     return {"driver": "n5", "kvstore": kvstore(path, path.dataset)}
 
 
-def _directory(path: VolumePath) -> Path:
+def _directory(path: VolumePath) -> Path | ObjectUrl:
     return path.container / path.dataset if path.dataset else path.container
 
 
-def _read_attributes(directory: Path) -> dict | None:
+def _read_attributes(directory: Path | ObjectUrl) -> dict | None:
+    if isinstance(directory, ObjectUrl):
+        raw = stores.read_bytes(directory / "attributes.json")
+        try:
+            attributes = None if raw is None else json.loads(raw)
+        except ValueError:
+            return None
+        return attributes if isinstance(attributes, dict) else None
     try:
         attributes = json.loads((directory / "attributes.json").read_text())
     except (FileNotFoundError, NotADirectoryError):
@@ -171,9 +190,11 @@ def _is_dataset(directory: Path) -> bool:
 
 
 def _dataset_attributes(path: VolumePath) -> dict:
-    if not path.container.is_dir():
+    if not path.is_remote and not path.container.is_dir():
         raise InputNotFoundError(f"no N5 container at {str(path.container)!r}; check the path")
     attributes = _read_attributes(_directory(path))
+    if attributes is None and path.is_remote and not stores.bucket_exists(path.container):
+        raise InputNotFoundError(f"no bucket {path.container.bucket!r} for {str(path)!r}; check the URL and the endpoint")
     if attributes is None or "dimensions" not in attributes:
         where = f"dataset {path.dataset!r} in {str(path.container)!r}" if path.dataset else f"dataset at {str(path)!r}"
         raise InputNotFoundError(f"no {where}; it has: {_list_datasets(path.container)}")
@@ -191,19 +212,26 @@ def _voxel_size(attributes: dict) -> tuple[float, ...] | None:
     return None if value is None else spatial_voxel_size(value, reverse=True)
 
 
-def _ensure_container(container: Path) -> None:
+def _ensure_container(container: Path | ObjectUrl) -> None:
+    if isinstance(container, ObjectUrl):
+        if stores.read_bytes(container / "attributes.json") is None:
+            stores.write_bytes(container / "attributes.json", json.dumps({"n5": N5_VERSION}).encode())
+        return
     container.mkdir(parents=True, exist_ok=True)
     root = container / "attributes.json"
     if not root.exists():
         root.write_text(json.dumps({"n5": N5_VERSION}))
 
 
-def _list_datasets(container: Path, max_depth: int = 4) -> list[str]:
+def _list_datasets(container: Path | ObjectUrl, max_depth: int = 4) -> list[str] | str:
     """Dataset paths below ``container``, for error messages.
 
     Never descends into a dataset (its subfolders are block folders) nor
-    deeper than ``max_depth`` levels.
+    deeper than ``max_depth`` levels.  On an object store, a sentence instead:
+    listing there lists every block.
     """
+    if isinstance(container, ObjectUrl):
+        return "(not listed on an object store; list it with your S3 client)"
     found: list[str] = []
 
     def walk(directory: Path, depth: int) -> None:

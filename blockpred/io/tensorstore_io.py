@@ -21,6 +21,7 @@ import numpy as np
 import tensorstore as ts
 
 from .base import Volume, VolumePath
+from .stores import ObjectUrl, kvstore_spec
 
 
 @functools.cache
@@ -33,8 +34,13 @@ def kvstore(path: VolumePath, key: str = "") -> dict:
     """The tensorstore kvstore spec of ``key`` (a ``/``-separated path) inside ``path``'s container.
 
     The one place a volume's location becomes a tensorstore kvstore: every
-    backend that reads or writes through tensorstore asks here.
+    backend that reads or writes through tensorstore asks here.  A local
+    container gives the ``file`` driver; an object-store URL (``s3://``,
+    ``gs://``) gives its driver, with the endpoint, region and credentials of
+    :func:`blockpred.io.stores.kvstore_spec`.
     """
+    if isinstance(path.container, ObjectUrl):
+        return kvstore_spec(path.container, key)
     directory = path.container.absolute()
     for part in key.strip("/").split("/"):
         if part:

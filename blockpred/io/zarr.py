@@ -25,6 +25,12 @@ written through zarr-python instead, slower but the same values.
 
 Writes to disjoint boxes aligned to :attr:`ZarrVolume.chunk_shape` (the shard
 shape of a sharded array) touch disjoint files, so threads may write at once.
+
+On an object store (``s3://bucket/vol.zarr/raw``) zarr-python works on a
+:class:`~blockpred.io.stores.KvZarrStore` (its metadata requests go through
+tensorstore's kvstore, as the chunks do) instead of a ``LocalStore``; the
+rest is the same.  Error messages there list no datasets: listing a prefix
+of an object store lists every chunk below it.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from zarr.storage import LocalStore
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
 from ..geometry import Coord
+from . import stores
 from .base import Volume, VolumePath, spatial_voxel_size
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
 from .tensorstore_io import TensorstoreVolume, kvstore, open_store
@@ -108,11 +115,23 @@ def open_volume(path: VolumePath, mode: str = "r") -> ZarrVolume:
     return ZarrVolume(path, mode)
 
 
+def _store(path: VolumePath, *, read_only: bool = False):
+    """The zarr-python store of ``path``'s container: a ``LocalStore``, or a ``KvZarrStore`` on an object store."""
+    if path.is_remote:
+        return stores.zarr_store(path.container, read_only=read_only)
+    return LocalStore(path.container, read_only=read_only)
+
+
+def _no_container(path: VolumePath) -> bool:
+    """True when a local container is not a directory (on an object store there are no directories to check)."""
+    return not path.is_remote and not path.container.is_dir()
+
+
 def volume_exists(path: VolumePath) -> bool:
     """True when ``path`` holds an array or an OME-NGFF image group."""
-    if not path.container.is_dir():
+    if _no_container(path):
         return False
-    node = _node(LocalStore(path.container, read_only=True), path.dataset)
+    node = _node(_store(path, read_only=True), path.dataset)
     return node is not None and (isinstance(node, zarr.Array) or _is_image(node))
 
 
@@ -122,9 +141,9 @@ def remove_volume(path: VolumePath) -> None:
     Does nothing when nothing is there.  Refuses a plain group that holds
     arrays, since that would remove several datasets.
     """
-    if not path.container.is_dir():
+    if _no_container(path):
         return
-    store = LocalStore(path.container)
+    store = _store(path)
     node = _node(store, path.dataset)
     if node is None:
         return
@@ -133,7 +152,9 @@ def remove_volume(path: VolumePath) -> None:
             f"{str(path)!r} is a zarr group holding {_list_volumes(store, path.dataset)}; "
             f"blockpred removes one array or OME-NGFF image at a time, name one of them"
         )
-    if not path.dataset:
+    if not path.dataset and path.is_remote:
+        stores.delete_prefix(path.container)  # the container's objects only (keys below "vol.zarr/")
+    elif not path.dataset:
         shutil.rmtree(path.container)
     else:
         parent, _, name = path.dataset.rpartition("/")
@@ -157,7 +178,7 @@ def create_volume(
 ) -> ZarrVolume:
     """Create the volume at ``path`` (see the module docstring) and open it ``r+``."""
     fmt = container_format(path, zarr_format)
-    store = LocalStore(path.container)
+    store = _store(path)
     if path.dataset and isinstance(_node(store, ""), zarr.Array):
         raise InvalidOptionError(
             f"a dataset inside a zarr container needs a group at its root, but {str(path.container)!r} "
@@ -167,7 +188,7 @@ def create_volume(
         if not overwrite:
             raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
         remove_volume(path)
-        store = LocalStore(path.container)
+        store = _store(path)
     array_name = path.dataset
     attributes: dict = {}
     if ome:
@@ -224,6 +245,11 @@ def container_format(path: VolumePath, zarr_format: int | None = None) -> int:
 
 def _container_format(path: VolumePath) -> int | None:
     """The zarr format of the container's root node, or None when there is none."""
+    if path.is_remote:
+        if any(stores.read_bytes(path.container / name) is not None for name in (".zgroup", ".zarray")):
+            return 2
+        root_metadata = stores.read_bytes(path.container / "zarr.json")
+        return None if root_metadata is None else int(json.loads(root_metadata).get("zarr_format", 3))
     if (path.container / ".zgroup").exists() or (path.container / ".zarray").exists():
         return 2
     root = path.container / "zarr.json"
@@ -232,7 +258,7 @@ def _container_format(path: VolumePath) -> int | None:
     return None
 
 
-def _node(store: LocalStore, dataset: str) -> zarr.Array | zarr.Group | None:
+def _node(store, dataset: str) -> zarr.Array | zarr.Group | None:
     """The array or group at ``dataset``, or None when there is neither."""
     try:
         return zarr.open(store=store, path=dataset, mode="r" if store.read_only else "r+")
@@ -245,10 +271,12 @@ def _is_image(group: zarr.Group) -> bool:
 
 
 def _open_array(path: VolumePath, mode: str) -> tuple[zarr.Array, tuple[float, ...] | None]:
-    if not path.container.is_dir():
+    if _no_container(path):
         raise InputNotFoundError(f"no zarr container at {str(path.container)!r}; check the path")
-    store = LocalStore(path.container, read_only=mode == "r")
+    store = _store(path, read_only=mode == "r")
     node = _node(store, path.dataset)
+    if node is None and path.is_remote and not stores.bucket_exists(path.container):
+        raise InputNotFoundError(f"no bucket {path.container.bucket!r} for {str(path)!r}; check the URL and the endpoint")
     if node is None:
         if not path.dataset:
             raise InputNotFoundError(f"no zarr container at {str(path.container)!r}: it has no zarr metadata")
@@ -279,8 +307,13 @@ def _open_array(path: VolumePath, mode: str) -> tuple[zarr.Array, tuple[float, .
     return array, voxel_size
 
 
-def _list_volumes(store: LocalStore, under: str = "") -> list[str]:
-    """Paths of the arrays and OME-NGFF images below ``under``, for error messages."""
+def _list_volumes(store, under: str = "") -> list[str] | str:
+    """Paths of the arrays and OME-NGFF images below ``under``, for error messages.
+
+    On an object store, a sentence instead: listing there lists every chunk.
+    """
+    if not isinstance(store, LocalStore):
+        return "(not listed on an object store; list it with your S3 client)"
     found: list[str] = []
 
     def walk(group: zarr.Group) -> None:
@@ -317,7 +350,7 @@ class ImageLevels:
 
 def read_image_levels(image: VolumePath) -> ImageLevels:
     """The levels named by the image group at ``image`` and the layout of its array ``0``."""
-    store = LocalStore(image.container, read_only=True)
+    store = _store(image, read_only=True)
     group = _node(store, image.dataset)
     multiscales = find_multiscales(group.attrs.asdict()) if isinstance(group, zarr.Group) else None
     if multiscales is None:
@@ -338,7 +371,7 @@ def read_image_levels(image: VolumePath) -> ImageLevels:
 def write_image_levels(image: VolumePath, scales: list, voxel_size: tuple[float, ...] | None,
                        centred: bool) -> None:
     """Name the levels ``0`` .. ``len(scales) - 1`` (factors from level 0) in the image group's metadata."""
-    store = LocalStore(image.container)
+    store = _store(image)
     group = zarr.open_group(store, path=image.dataset, mode="r+")
     base = _node(store, f"{image.dataset}/{SCALE_PATH}" if image.dataset else SCALE_PATH)
     fmt = group.metadata.zarr_format

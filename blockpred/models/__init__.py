@@ -6,7 +6,9 @@
 * :mod:`.loading`: :func:`load_model` turns ``--model``/``--weights`` into a :class:`LoadedModel`;
 * :mod:`.torchfile`: reads model files safely (never runs code from a file the user did not trust);
 * :mod:`.state_dicts`: recognises inferno UNet and UNet3d state dicts and builds the network they fit;
-* :mod:`.receptive`: :func:`receptive_radius` measures how much context a network sees.
+* :mod:`.receptive`: :func:`receptive_radius` measures how much context a network sees;
+* :mod:`.bioimageio`: bioimage.io model packages (rdf.yaml / .zip); :mod:`.bioimageio_ops` their processing
+  steps on the device; :mod:`.bioimageio_stats` the statistics of the volume those steps need.
 """
 
 from .inferno import InfernoUNet

@@ -31,6 +31,10 @@
 3. ``package.module:factory`` -> ``factory(**model_kwargs)``.  ``weights`` is
    optional here: a factory may build a trained network itself.
 
+A bioimage.io package (an ``rdf.yaml``/``bioimageio.yaml``, its folder, or a
+``.zip`` holding one) is recognised before 2 and loaded by :mod:`.bioimageio`
+(kind ``"bioimageio"``): its network wrapped with its pre- and postprocessing.
+
 ``weights`` (presets and factories) must be a state dict file, loaded strictly.
 Every module returned is in eval mode, float32, on the CPU.  ``file_sha256`` and
 ``state_dict_sha256`` (which fingerprint the weights) live in :mod:`.torchfile`
@@ -51,6 +55,7 @@ from torch import nn
 
 from ..errors import InputNotFoundError, InvalidOptionError, ModelLoadError
 from ..geometry import Coord
+from .bioimageio import is_package
 from .presets import PRESETS
 from .state_dicts import build_from_state_dict, find_state_dict, load_strict, strip_prefix
 from .torchfile import file_sha256, has_placeholders, is_placeholder, read_torch_file, state_dict_sha256
@@ -62,8 +67,8 @@ __all__ = ["LoadedModel", "file_sha256", "load_model", "state_dict_sha256"]
 _FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _ACCEPTS = (
     "blockpred accepts a preset name ({presets}), a TorchScript archive, an inferno UNet or blockpred UNet3d "
-    "state dict, a pickled inferno checkpoint (with --trust-pickle), or package.module:factory (with --weights "
-    "for any other architecture)"
+    "state dict, a pickled inferno checkpoint (with --trust-pickle), package.module:factory (with --weights "
+    "for any other architecture), or a bioimage.io package (rdf.yaml or .zip)"
 )
 
 
@@ -71,9 +76,10 @@ _ACCEPTS = (
 class LoadedModel:
     """A network ready to predict, and what blockpred knows about it.
 
-    ``name`` is the preset name, file path, ``package.module:factory`` or module
-    class name; ``kind`` one of ``"preset"``, ``"torchscript"``, ``"factory"``,
-    ``"inferno-state-dict"``, ``"state-dict"``, ``"pickle"`` or ``"module"``.
+    ``name`` is the preset name, file path, ``package.module:factory``, module
+    class name or a bioimage.io package's name; ``kind`` one of ``"preset"``,
+    ``"torchscript"``, ``"factory"``, ``"inferno-state-dict"``, ``"state-dict"``,
+    ``"pickle"``, ``"module"`` or ``"bioimageio"``.
     ``in_channels`` / ``out_channels`` are None when unknown (the caller finds
     them by a dry run or from the volume); ``downsampling`` is (1, 1, 1) and
     ``padding`` None when unknown.  ``default_block`` / ``default_halo`` are
@@ -114,6 +120,10 @@ def load_model(
     if model in PRESETS:
         return _load_preset(model, weights, kwargs, trust_pickle)
     path = Path(model)
+    if is_package(path):  # a bioimage.io package (rdf.yaml, its folder or .zip): see .bioimageio
+        from .bioimageio import load_package
+
+        return load_package(path, weights, kwargs, trust_pickle)
     if _is_file(path):
         if weights is not None:
             raise InvalidOptionError(

@@ -28,8 +28,12 @@ class Backend:
     parallel_writes: bool = True
     #: The voxel size read back when none was written (an OME image always has a scale).
     default_voxel_size: tuple | None = None
+    #: A URL-like prefix naming the format (precomputed://), when the suffix does not.
+    scheme: str = ""
 
     def path(self, root: Path, dataset: str = "volume", container: str = "data") -> str:
+        if self.scheme:  # each volume is its own directory, here below the directory ``container``
+            return f"{self.scheme}{root}/{container}{self.suffix}/{dataset}"
         if self.suffix == ".h5":
             return f"{root}/{container}.h5:/{dataset}"
         return f"{root}/{container}{self.suffix}/{dataset}"
@@ -52,6 +56,9 @@ BACKENDS = [
     ),
     pytest.param(Backend(".n5", has_float16=False), id="n5"),
     pytest.param(Backend(".h5", parallel_writes=False), id="hdf5"),
+    pytest.param(
+        Backend("", scheme="precomputed://", has_float16=False, default_voxel_size=(1.0, 1.0, 1.0)), id="precomputed"
+    ),
 ]
 
 
@@ -72,7 +79,7 @@ def random_data(shape, dtype, seed=0) -> np.ndarray:
 @pytest.mark.parametrize("num_channels", [pytest.param(None, id="zyx"), pytest.param(3, id="czyx")])
 def test_written_chunk_aligned_boxes_read_back_in_any_box(backend, tmp_path, num_channels, dtype):
     if np.dtype(dtype) == np.float16 and not backend.has_float16:
-        pytest.skip("N5 has no float16 (its refusal is tested below)")
+        pytest.skip("N5 and precomputed have no float16 (refusals: test_n5_volumes, test_precomputed)")
     lead = () if num_channels is None else (num_channels,)
     reference = np.zeros(lead + SPATIAL_SHAPE, dtype=dtype)
     write_boxes = [
@@ -192,6 +199,9 @@ def test_opening_a_missing_container_names_it(backend, tmp_path):
 
 
 def test_opening_a_missing_dataset_names_it_and_lists_what_the_container_has(backend, tmp_path):
+    if backend.scheme == "precomputed://":
+        pytest.skip("a precomputed volume is a directory of its own, not a dataset in a container "
+                    "(a missing scale is named with the scales there: tests/io/test_precomputed.py)")
     backend.create(backend.path(tmp_path, "data")).close()
     backend.create(backend.path(tmp_path, "labels")).close()
     with pytest.raises(InputNotFoundError, match=r"no dataset 'raw' in .*it has: \['data', 'labels'\]"):
