@@ -185,7 +185,10 @@ class Predictor:
         self.memory_format = memory_format
         # The predictor's own copy: casting weights, changing the layout and moving to the device must
         # not reach the caller's module (the API's predict(model=net), several predictors on one model).
-        self.module = copy.deepcopy(module).to(device).eval()
+        # Copied without autograd: a deep copy of a TorchScript module otherwise holds parameters that are not
+        # leaves and require grad (every output then carries a graph, and .to() warns about .grad).
+        with torch.no_grad():
+            self.module = copy.deepcopy(module).to(device).eval()
         low = _AUTOCAST_DTYPES.get(precision)
         if low is not None:
             for layer in self.module.modules():

@@ -1,6 +1,7 @@
 """The device's steps around the network give the numbers of the host-side definitions, bit for bit."""
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -75,6 +76,16 @@ def test_bf16_weights_cast_once_give_the_numbers_of_autocast_casting_them_at_eve
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         expected = reference(torch.from_numpy(x)).float().numpy()
     np.testing.assert_array_equal(predictor(x), expected)
+
+
+def test_a_predictors_copy_of_a_torchscript_module_has_leaf_parameters_and_warns_of_nothing():
+    net = torch.jit.script(torch.nn.Conv3d(1, 2, 3, padding=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the copy used to warn: "The .grad attribute of a Tensor that is not a leaf"
+        predictor = Predictor(net, torch.device("cpu"), "bf16")
+        out = predictor(np.zeros((1, 1, 4, 4, 4), dtype=np.float32))
+    assert all(p.is_leaf and not p.requires_grad for p in predictor.module.parameters())
+    assert out.shape == (1, 2, 4, 4, 4)
 
 
 def test_a_predictor_leaves_the_callers_module_as_it_was():
