@@ -28,9 +28,26 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .errors import InvalidOptionError
+
+
+_IMPORTING = threading.Lock()
+
+
+def import_distributed() -> None:
+    """Import dask.distributed in one thread at a time.
+
+    A cluster starts (and so imports distributed) in a background thread while
+    the client goes on; a second thread importing distributed at the same
+    moment can find one of its modules half imported (``ImportError: cannot
+    import name ... from partially initialized module``).  Every import of it
+    in blockpred goes through here first; once imported, this costs a lock.
+    """
+    with _IMPORTING:
+        import distributed  # noqa: F401
 
 
 class Cluster:
@@ -46,6 +63,7 @@ class Cluster:
 
     @staticmethod
     def _connect(device: str, num_workers: int | None, scheduler_address: str | None):
+        import_distributed()
         from distributed import Client
 
         _quiet_dask()

@@ -21,6 +21,11 @@ level.  A level's shards cover the region of one shard of the level before
 (its shard shape divided by the factor, at least one chunk), so a unit reads
 at most one shard of the level before, the size of a prediction block.
 
+Where.  After an in-process run the client writes the levels (threads);
+after a run on dask, the cluster's workers do, in tasks of up to
+:data:`UNITS_PER_TASK` units, a level at a time (each level reads the one
+before), retried like the blocks' tasks.
+
 Crashes.  The metadata names a level only once every level is written; a run
 that finds levels it did not name computes them again.
 """
@@ -28,6 +33,7 @@ that finds levels it did not name computes them again.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,6 +64,22 @@ class Level:
     @property
     def write_unit(self) -> Coord:
         return self.shards if self.shards is not None else self.chunks
+
+    @property
+    def unit_grid(self) -> Coord:
+        return self.shape.ceil_div(self.write_unit)
+
+    @property
+    def num_units(self) -> int:
+        return self.unit_grid.prod()
+
+    def unit(self, index: int) -> Box:
+        """Write unit ``index`` (C order over :attr:`unit_grid`), cut at the level's edge."""
+        grid = self.unit_grid
+        z, rest = divmod(index, grid[1] * grid[2])
+        y, x = divmod(rest, grid[2])
+        begin = Coord((z, y, x)) * self.write_unit
+        return Box.from_shape(self.write_unit, begin).intersect(Box.from_shape(self.shape))
 
 
 def _next_factor(voxel: tuple[float, ...], shape: Coord) -> Coord:
@@ -107,11 +129,15 @@ class PyramidSummary:
     seconds: float
     #: Levels found written and named by an earlier run, so not computed again.
     num_kept: int = 0
+    #: Dask workers that wrote the levels; 0: this process did.
+    num_workers: int = 0
 
     def __str__(self) -> str:
         shapes = ", ".join(f"{lv.index}: {'x'.join(map(str, lv.shape))}" for lv in self.levels[1:])
         kept = f", {self.num_kept} kept from an earlier run" if self.num_kept else ""
-        return f"pyramid: {len(self.levels) - 1} levels by {self.method} ({shapes}) in {self.seconds:.2f} s{kept}"
+        where = f" on {self.num_workers} dask worker{'s' if self.num_workers > 1 else ''}" if self.num_workers else ""
+        return (f"pyramid: {len(self.levels) - 1} levels by {self.method} ({shapes}) in {self.seconds:.2f} s"
+                f"{where}{kept}")
 
 
 def level_path(image: VolumePath, index: int) -> VolumePath:
@@ -121,11 +147,14 @@ def level_path(image: VolumePath, index: int) -> VolumePath:
 
 
 def build_pyramid(image: VolumePath, num_levels: int, method: str = "mean", *, threads: int = 2,
-                  recompute: bool = True) -> PyramidSummary:
+                  recompute: bool = True, client=None) -> PyramidSummary:
     """Write ``num_levels`` levels below the zarr image ``image`` and name them in its metadata.
 
     ``recompute=False`` keeps levels the metadata already names (a run that
-    predicted nothing new); otherwise every level is written again.
+    predicted nothing new); otherwise every level is written again.  With a
+    dask ``client`` the workers write each level's units (tasks of up to
+    :data:`UNITS_PER_TASK` units, a level at a time); else this process does,
+    in ``threads`` threads.
     """
     from .io.zarr import read_image_levels, write_image_levels
 
@@ -135,42 +164,65 @@ def build_pyramid(image: VolumePath, num_levels: int, method: str = "mean", *, t
     levels = plan_levels(info.shape, info.voxel_size, num_levels, info.chunks, info.shards)
     if not recompute and info.num_levels - 1 >= num_levels:
         return PyramidSummary(tuple(levels), method, time.perf_counter() - started, num_kept=num_levels)
+    workers = 0
     for level in levels[1:]:
-        _write_level(image, levels[level.index - 1], level, method, threads)
+        before = levels[level.index - 1]
+        with open_volume(level_path(image, before.index)) as source:
+            channels, dtype = source.num_channels, source.dtype
+        create_volume(level_path(image, level.index), spatial_shape=level.shape, num_channels=channels, dtype=dtype,
+                      chunk_shape=level.chunks, shard_shape=level.shards, ome=False, overwrite=True).close()
+        if client is None:
+            write_units(image, before, level, method, 0, level.num_units, threads)
+        else:
+            workers = max(workers, _write_level_on_dask(client, image, before, level, method))
+        logger.info("pyramid level %d: %s by %s from level %d", level.index, tuple(level.shape),
+                    tuple(level.factor), before.index)
     write_image_levels(image, [lv.scale for lv in levels], info.voxel_size, centred=method != "stride")
-    summary = PyramidSummary(tuple(levels), method, time.perf_counter() - started)
+    summary = PyramidSummary(tuple(levels), method, time.perf_counter() - started, num_workers=workers)
     logger.info("%s", summary)
     return summary
 
 
-def _write_level(image: VolumePath, before: Level, level: Level, method: str, threads: int) -> None:
-    with open_volume(level_path(image, before.index)) as source:
-        sink = create_volume(level_path(image, level.index), spatial_shape=level.shape,
-                             num_channels=source.num_channels, dtype=source.dtype, chunk_shape=level.chunks,
-                             shard_shape=level.shards, ome=False, overwrite=True)
-        with sink, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blockpred-pyramid") as pool:
-            in_flight: deque[Future] = deque()
+#: A dask task of the pyramid writes at most this many write units (a failed task redoes at most these).
+UNITS_PER_TASK = 256
+#: Tasks per worker a level is cut into, at least (so every worker gets work, and a slow one little).
+TASKS_PER_WORKER = 4
 
-            def one(unit: Box) -> None:
-                read_box = Box(unit.begin * level.factor, (unit.end * level.factor).minimum(before.shape))
-                data = source.read(read_box)
-                sink.write(unit, downsample(data, level.factor, method))  # disjoint write units: no lock
 
-            for unit in _units(level):
-                in_flight.append(pool.submit(one, unit))
-                if len(in_flight) >= 2 * threads:  # a few units in memory, never the level
-                    in_flight.popleft().result()
-            while in_flight:
+def _write_level_on_dask(client, image: VolumePath, before: Level, level: Level, method: str) -> int:
+    """The level's units written by the cluster's workers; returns how many workers there were."""
+    workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+    per_task = max(1, min(UNITS_PER_TASK, -(-level.num_units // (TASKS_PER_WORKER * workers))))
+    futures = [client.submit(write_units, image, before, level, method, first,
+                             min(first + per_task, level.num_units), None, pure=False, retries=2)
+               for first in range(0, level.num_units, per_task)]
+    for future in futures:
+        future.result()  # the first error raises here, naming the task's units
+    return workers
+
+
+def write_units(image: VolumePath, before: Level, level: Level, method: str, first: int, stop: int,
+                threads: int | None) -> None:
+    """Write the units ``first`` .. ``stop - 1`` (C order over the level's grid of write units) of ``level``.
+
+    Each unit is read from ``before`` (the unit times the factor), downsampled
+    and written whole; units are disjoint write units, so threads write them at
+    once, a few in flight.  ``threads`` None: the cores of this machine, up to 4
+    (a dask worker's share).
+    """
+    threads = threads or max(1, min(4, os.cpu_count() or 1))
+    with open_volume(level_path(image, before.index)) as source, \
+            open_volume(level_path(image, level.index), mode="r+") as sink, \
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blockpred-pyramid") as pool:
+        in_flight: deque[Future] = deque()
+
+        def one(unit: Box) -> None:
+            read_box = Box(unit.begin * level.factor, (unit.end * level.factor).minimum(before.shape))
+            sink.write(unit, downsample(source.read(read_box), level.factor, method))
+
+        for index in range(first, stop):
+            in_flight.append(pool.submit(one, level.unit(index)))
+            if len(in_flight) >= 2 * threads:  # a few units in memory, never the level
                 in_flight.popleft().result()
-    logger.info("pyramid level %d: %s by %s from level %d", level.index, tuple(level.shape), tuple(level.factor),
-                before.index)
-
-
-def _units(level: Level):
-    grid = level.shape.ceil_div(level.write_unit)
-    volume = Box.from_shape(level.shape)
-    for z in range(grid[0]):
-        for y in range(grid[1]):
-            for x in range(grid[2]):
-                begin = Coord((z, y, x)) * level.write_unit
-                yield Box.from_shape(level.write_unit, begin).intersect(volume)
+        while in_flight:
+            in_flight.popleft().result()

@@ -131,15 +131,8 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster)
+        pyramid = _pyramid(cfg, job.target, summary, cluster) if cfg.pyramid else None
     _record_throughput(p, summary)
-    pyramid = None
-    if cfg.pyramid:
-        from .pyramid import build_pyramid
-
-        # Levels an earlier run wrote and named stand, unless this run predicted blocks under them.
-        # The client is idle by now: its cores (up to 8; memory is a few write units per thread) make the levels.
-        pyramid = build_pyramid(target_path, cfg.pyramid, cfg.pyramid_method,
-                                threads=max(2, min(8, os.cpu_count() or 2)), recompute=summary.stats.num_blocks > 0)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
                                pyramid=pyramid)
 
@@ -186,6 +179,20 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
                    p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
                    voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus),
                    str(p.defaults) if p.defaults is not None else None, pyramid, cfg.pyramid_method)
+
+
+def _pyramid(cfg: RunConfig, target_path: VolumePath, summary: PredictionSummary,
+             cluster: "Cluster | None") -> "PyramidSummary":
+    """The pyramid below the output: on the run's dask workers when it had them, else in this process.
+
+    Levels an earlier run wrote and named stand, unless this run predicted blocks under them.
+    """
+    from .pyramid import build_pyramid
+
+    # In this process the client is idle by now: its cores (up to 8; a few write units each) make the levels.
+    return build_pyramid(target_path, cfg.pyramid, cfg.pyramid_method, threads=max(2, min(8, os.cpu_count() or 2)),
+                         recompute=summary.stats.num_blocks > 0,
+                         client=cluster.client() if cluster is not None else None)
 
 
 def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:

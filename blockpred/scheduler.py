@@ -36,13 +36,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from .cluster import Cluster, _quiet_dask, check_hdf5_writers, import_distributed
 
-from .blocking import Block
-from .cluster import Cluster, _quiet_dask, check_hdf5_writers
-from .errors import BlockFailedError, InvalidOptionError
-from .geometry import Coord
-from .job import Job, run_job
+import_distributed()  # never at the same time as a cluster's start thread (see import_distributed)
+
+from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
+
+from .blocking import Block  # noqa: E402
+from .errors import BlockFailedError, InvalidOptionError  # noqa: E402
+from .geometry import Coord  # noqa: E402
+from .job import Job, run_job  # noqa: E402
 from .pipeline import Backoff, RunStats
 
 logger = logging.getLogger(__name__)

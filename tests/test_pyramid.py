@@ -242,3 +242,16 @@ def test_a_pyramid_on_s3_validates_and_equals_the_same_pyramid_on_local_files(ra
     assert group.attrs.asdict() == here.attrs.asdict()
     for level in "012":
         assert group[level][...].tobytes() == here[level][...].tobytes()
+
+
+def test_after_a_run_on_dask_workers_the_workers_write_the_pyramid_the_same_as_in_process(raw, tmp_path):
+    source, _ = raw
+    here = blockpred.predict(source, str(tmp_path / "here.zarr"), pyramid=2, **PINNED)
+    options = {**PINNED, "local": False}
+    on_dask = blockpred.predict(source, str(tmp_path / "dask.zarr"), pyramid=2, workers=2, **options)
+    assert here.pyramid.num_workers == 0 and on_dask.pyramid.num_workers == 2
+    assert "on 2 dask workers" in str(on_dask)
+    a, b = zarr.open_group(str(tmp_path / "here.zarr"), mode="r"), zarr.open_group(str(tmp_path / "dask.zarr"), mode="r")
+    assert a.attrs.asdict() == b.attrs.asdict()
+    for level in "012":
+        assert a[level][...].tobytes() == b[level][...].tobytes()
