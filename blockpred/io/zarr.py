@@ -278,8 +278,9 @@ def _open_array(path: VolumePath, mode: str) -> tuple[zarr.Array, tuple[float, .
     if node is None and path.is_remote and not stores.bucket_exists(path.container):
         raise InputNotFoundError(f"no bucket {path.container.bucket!r} for {str(path)!r}; check the URL and the endpoint")
     if node is None:
-        if not path.dataset:
-            raise InputNotFoundError(f"no zarr container at {str(path.container)!r}: it has no zarr metadata")
+        if not path.dataset or (path.is_remote and _container_format(path) is None):
+            raise InputNotFoundError(f"no zarr container at {str(path.container)!r}: it has no zarr metadata; "
+                                     f"check the path")
         raise InputNotFoundError(
             f"no dataset {path.dataset!r} in {str(path.container)!r}; it has: {_list_volumes(store)}"
         )
