@@ -47,6 +47,7 @@ import numpy as np
 import tensorstore as ts
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from . import stores
 from .base import VolumePath, spatial_voxel_size
 from .tensorstore_io import TensorstoreVolume, context, kvstore, open_store
 
@@ -128,11 +129,10 @@ def remove_volume(path: VolumePath) -> None:
         )
     if _read_info(path, strict=False) is None:
         return
-    spec = kvstore(path)
-    if spec.get("driver") == "file":
-        shutil.rmtree(spec["path"])
+    if path.is_remote:
+        stores.delete_prefix(path.container)  # the volume's objects only (keys below "em/")
     else:
-        ts.KvStore.open(spec, context=context()).result().delete_range(ts.KvStore.KeyRange()).result()
+        shutil.rmtree(path.container)
     log.info("removed precomputed volume %s", path)
 
 

@@ -126,6 +126,19 @@ def test_a_run_from_s3_to_s3_writes_bitwise_what_the_same_run_on_local_files_wri
     assert any(k.startswith(f"em/{output.split('/')[0]}.blockpred/pred/done/") for k in s3.keys())
 
 
+def test_a_precomputed_volume_on_s3_predicts_into_precomputed_on_s3_as_on_local_files(s3, tmp_path):
+    data = em_volume()
+    local_in = write_test_volume(f"precomputed://{tmp_path / 'em'}", data, chunks=(16, 16, 16))
+    remote_in = write_test_volume(f"precomputed://{s3.url('em')}", data, chunks=(16, 16, 16))
+    local_out, remote_out = f"precomputed://{tmp_path / 'pred'}", f"precomputed://{s3.url('pred')}"
+    blockpred.predict(local_in, local_out, **RUN)
+    blockpred.predict(remote_in, remote_out, **RUN)
+    assert read_all(remote_out).tobytes() == read_all(local_out).tobytes()
+    assert blockpred.predict(remote_in, remote_out, **RUN).num_resumed == 18  # markers on S3 beside it
+    blockpred.predict(remote_in, remote_out, overwrite=True, **RUN)  # removes only that volume's objects
+    assert any(k.startswith("em/") for k in s3.keys()) and read_all(remote_out).tobytes() == read_all(local_out).tobytes()
+
+
 def _start_run(args, cwd) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "blockpred", "run", *args, "--no-progress"], cwd=cwd, env=env,
