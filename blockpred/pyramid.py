@@ -167,10 +167,9 @@ def build_pyramid(image: VolumePath, num_levels: int, method: str = "mean", *, t
     workers = 0
     for level in levels[1:]:
         before = levels[level.index - 1]
-        with open_volume(level_path(image, before.index)) as source:
-            channels, dtype = source.num_channels, source.dtype
-        create_volume(level_path(image, level.index), spatial_shape=level.shape, num_channels=channels, dtype=dtype,
-                      chunk_shape=level.chunks, shard_shape=level.shards, ome=False, overwrite=True).close()
+        create_volume(level_path(image, level.index), spatial_shape=level.shape, num_channels=info.num_channels,
+                      dtype=info.dtype, chunk_shape=level.chunks, shard_shape=level.shards, ome=False,
+                      overwrite=True).close()
         if client is None:
             write_units(image, before, level, method, 0, level.num_units, threads)
         else:

@@ -346,7 +346,9 @@ class ImageLevels:
     chunks: Coord
     #: None: level 0 is not sharded.
     shards: Coord | None
-    zarr_format: int
+    #: Level 0's channels (None for a (z, y, x) array) and dtype: every level has them.
+    num_channels: int | None
+    dtype: np.dtype
 
 
 def read_image_levels(image: VolumePath) -> ImageLevels:
@@ -366,7 +368,7 @@ def read_image_levels(image: VolumePath) -> ImageLevels:
     shards = array.shards
     return ImageLevels(len(multiscales[0].get("datasets", [])), Coord(array.shape[-3:]), voxel_size,
                        Coord(array.chunks[-3:]), None if shards is None else Coord(shards[-3:]),
-                       array.metadata.zarr_format)
+                       array.shape[0] if array.ndim == 4 else None, np.dtype(array.dtype))
 
 
 def write_image_levels(image: VolumePath, scales: list, voxel_size: tuple[float, ...] | None,
