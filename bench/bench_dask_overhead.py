@@ -7,7 +7,9 @@ a worker process before issue 12, a worker in this process since; use
 pipeline seconds (first task to last result: what Mvox/s counts) and the wall
 seconds of the whole call (cluster start, model loading and dry run included).
 
-    python bench/bench_dask_overhead.py [--shape 128,384,384] [--repeats 2] [--model tiny]
+    python bench/bench_dask_overhead.py [--shape 128,384,384] [--repeats 2] [--model tiny] [--workers 1]
+
+``--workers N`` (N > 1) compares worker processes with the in-process run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--dir", default="/tmp/blockpred-dask-bench")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     shape = parse_shape(args.shape, "shape")
     root = Path(args.dir)
@@ -40,20 +43,21 @@ def main() -> None:
     volume.write(volume.box, make_em_volume(shape))
     volume.close()
 
-    runs: dict[str, list[tuple[float, float]]] = {"in-process": [], "dask, 1 worker": []}
+    dask_mode = f"dask, {args.workers} worker{'s' if args.workers > 1 else ''}"
+    runs: dict[str, list[tuple[float, float]]] = {"in-process": [], dask_mode: []}
     for repeat in range(args.repeats):
-        for mode, options in (("in-process", {"local": True}), ("dask, 1 worker", {"workers": 1})):
+        for mode, options in (("in-process", {"local": True}), (dask_mode, {"workers": args.workers})):
             start = time.perf_counter()
             summary = blockpred.predict(source, str(root / "out.zarr"), model=args.model, overwrite=True,
                                         progress=False, **options)
             runs[mode].append((summary.stats.seconds, time.perf_counter() - start))
-            print(f"{mode:15s} repeat {repeat}: {summary.stats.seconds:.2f} s pipeline, "
+            print(f"{mode:16s} repeat {repeat}: {summary.stats.seconds:.2f} s pipeline, "
                   f"{runs[mode][-1][1]:.2f} s wall, {summary.mvox_per_s:.2f} Mvox/s", flush=True)
     report = {"shape": list(shape), "model": args.model, "cpus": os.cpu_count()}
     for mode, values in runs.items():
         report[mode] = {"pipeline_s": statistics.median(v[0] for v in values),
                         "wall_s": statistics.median(v[1] for v in values)}
-    local, dask = report["in-process"], report["dask, 1 worker"]
+    local, dask = report["in-process"], report[dask_mode]
     report["pipeline_overhead_pct"] = round(100 * (dask["pipeline_s"] / local["pipeline_s"] - 1), 1)
     report["wall_overhead_s"] = round(dask["wall_s"] - local["wall_s"], 2)
     print(json.dumps(report, indent=2))

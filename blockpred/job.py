@@ -2,16 +2,19 @@
 
 A :class:`Job` is small and picklable (paths, the block plan, settings and how
 to load the model -- never arrays, never a loaded network), so the same job
-goes to the in-process runner and to every dask worker.  :func:`run_job` is the
-one way blocks are run: it skips blocks already marked finished, runs the
-pipeline of :mod:`blockpred.pipeline` over them, and marks each block done
-only after its data is written.  Which blocks are unfinished (not done, not
+goes to the in-process runner and to every dask worker.  Blocks are run one of
+two ways, both over the pipeline of :mod:`blockpred.pipeline`: :func:`run_job`
+runs a list of blocks and returns (the in-process runner); a :class:`JobStream`
+keeps one pipeline open and runs each task's blocks on it (a dask worker).
+Either skips blocks this process already marked finished and marks each block
+done only after its data is written.  Which blocks are unfinished (not done, not
 masked out) is decided in bulk by the caller (:meth:`DoneMarkers.todo_ids`);
 a job never looks at blocks one by one to find out.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -23,6 +26,7 @@ from .io.base import VolumePath
 from .markers import DoneMarkers
 from .models import LoadedModel, load_model
 from .pipeline import Backoff, PipelineSettings, Predictor, RunStats, resolve_device, run_blocks
+from .pipeline.stream import BlockStream
 
 
 @dataclass(frozen=True)
@@ -80,20 +84,64 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     :mod:`blockpred.pipeline.backoff`).
     """
     markers = job.markers
-    todo = (b for b in blocks if not markers.marked_here(b))
-
-    def done(block: Block) -> None:
-        markers.mark_done(block)
-        if on_block_done is not None:
-            on_block_done(block)
-
     source = open_volume(job.source)
     sink = open_volume(job.target, mode="r+")
     try:
-        return run_blocks(todo, source=source, sink=sink, predictor=predictor, settings=job.settings,
-                          on_block_done=done, skip=is_empty if job.skip_empty else None,
-                          on_block_skipped=markers.mark_skipped, backoff=backoff)
+        return run_blocks(_unmarked(job, blocks), source=source, sink=sink, predictor=predictor,
+                          settings=job.settings, on_block_done=_marking(markers, on_block_done),
+                          skip=is_empty if job.skip_empty else None, on_block_skipped=markers.mark_skipped,
+                          backoff=backoff)
     finally:
         source.close()
         sink.close()
         markers.flush()  # on an object store: this job's buffered marks, written before the job reports back
+
+
+class JobStream:
+    """A job's pipeline that stays open between tasks (see :mod:`blockpred.pipeline.stream`).
+
+    A dask worker keeps one per job: each task's :meth:`run` queues its blocks
+    behind the previous task's, so the device does not drain between tasks.
+    ``on_block_done(block)`` runs after each block's mark (a worker's progress
+    reports).
+    """
+
+    def __init__(self, job: Job, predictor: Predictor, backoff: Backoff,
+                 on_block_done: Callable[[Block], None] | None = None):
+        self.job = job
+        self._source = open_volume(job.source)
+        self._sink = open_volume(job.target, mode="r+")
+        runner = functools.partial(run_blocks, source=self._source, sink=self._sink, predictor=predictor,
+                                   settings=job.settings, skip=is_empty if job.skip_empty else None,
+                                   backoff=backoff)
+        self.stream = BlockStream(runner, max_failures=job.settings.max_failures,
+                                  on_block_done=_marking(job.markers, on_block_done),
+                                  on_block_skipped=job.markers.mark_skipped)
+
+    def run(self, block_ids: Iterable[int]) -> RunStats:
+        """Run the blocks ``block_ids``; their counts, or :class:`BlockFailedError` once all are through."""
+        try:
+            return self.stream.run(_unmarked(self.job, self.job.blocks(block_ids)))
+        finally:
+            self.job.markers.flush()  # on an object store: written before the task reports back
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        finally:
+            self._source.close()
+            self._sink.close()
+
+
+def _unmarked(job: Job, blocks: Iterable[Block]) -> Iterator[Block]:
+    """``blocks`` less those this process marked (a retried task redoes only what it did not finish)."""
+    return (b for b in blocks if not job.markers.marked_here(b))
+
+
+def _marking(markers: DoneMarkers, then: Callable[[Block], None] | None) -> Callable[[Block], None]:
+    def done(block: Block) -> None:
+        markers.mark_done(block)
+        if then is not None:
+            then(block)
+
+    return done

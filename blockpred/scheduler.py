@@ -6,7 +6,14 @@
 * **Model once per worker.** A :class:`PredictorPlugin`, registered with
   ``Client.register_plugin``, loads the network when a worker starts (or
   joins later) and keeps it; tasks carry only the job's key and an array of
-  block ids.  Results are small dictionaries of counts.
+  block ids.  Results are small dictionaries of counts.  The plugin is
+  removed when the run ends, which frees the worker's model and device memory.
+* **One pipeline per worker.** Tasks do not run a pipeline each: a worker
+  keeps one open for the run (:class:`blockpred.job.JobStream`), and a task
+  queues its blocks on it and waits for their writes.  A worker runs
+  :data:`TASKS_IN_FLIGHT` tasks at once (two threads), so the next task's
+  blocks are read while the current task's last batches are on the device:
+  the device does not drain between tasks.
 * **Elastic feeding.** The client does not split the blocks into a task list
   up front.  It keeps about :data:`TASKS_IN_FLIGHT` tasks per worker present
   in flight and submits the next one as each finishes (:class:`TaskFeed`), so
@@ -36,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .cluster import Cluster, _quiet_dask, check_hdf5_writers, import_distributed
+from .cluster import WORKER_THREADS, Cluster, _quiet_dask, check_hdf5_writers, import_distributed
 
 import_distributed()  # never at the same time as a cluster's start thread (see import_distributed)
 
@@ -45,13 +52,14 @@ from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
 from .blocking import Block  # noqa: E402
 from .errors import BlockFailedError, InvalidOptionError  # noqa: E402
 from .geometry import Coord  # noqa: E402
-from .job import Job, run_job  # noqa: E402
-from .pipeline import Backoff, RunStats
+from .job import Job, JobStream  # noqa: E402
+from .pipeline import Backoff, RunStats  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-#: Tasks in flight per worker: one running, one queued behind it.
-TASKS_IN_FLIGHT = 2
+#: Tasks in flight per worker: both run at once on a worker blockpred starts (two threads),
+#: waiting on the worker's one pipeline, the second's blocks queued behind the first's.
+TASKS_IN_FLIGHT = WORKER_THREADS
 #: What a task should take on a worker, once a throughput has been measured.
 TASK_SECONDS = 10.0
 #: Blocks in a task at most (ids travel with it: 8 bytes each).
@@ -62,8 +70,8 @@ WORKER_COUNT_EVERY_S = 1.0
 PROGRESS_EVERY_S = 0.5
 PROGRESS_TOPIC = "blockpred-progress"
 
-# Per worker process: the job and the loaded predictor of each registered plugin.
-_STATE: dict[str, tuple[Job, object]] = {}
+# Per worker process: what each registered plugin keeps (see _WorkerJob).
+_STATE: dict[str, "_WorkerJob"] = {}
 
 
 @dataclass
@@ -74,6 +82,9 @@ class WorkerSummary:
     num_voxels: int = 0
     num_skipped: int = 0
     busy_s: float = 0.0
+    #: Tasks it ran, and the pipelines they ran on (one, unless a pipeline stopped and was reopened).
+    tasks: int = 0
+    pipelines: int = 0
 
     @property
     def mvox_per_s(self) -> float:
@@ -85,6 +96,32 @@ class DistributedResult:
     stats: RunStats = field(default_factory=RunStats)  # seconds: from first task to last result
     workers: dict[str, WorkerSummary] = field(default_factory=dict)
     dashboard: str | None = None
+
+
+class _WorkerJob:
+    """A job on one worker: its loaded network, the sizes that fit the device, and its open pipeline."""
+
+    def __init__(self, job: Job, predictor, worker, key: str):
+        self.job, self.predictor = job, predictor
+        self.backoff = Backoff(job.settings.batch_size)  # kept from task to task
+        self.report = _Reporter(worker, key)
+        self._stream: JobStream | None = None
+        self._lock = threading.Lock()
+
+    def stream(self) -> JobStream:
+        """The worker's pipeline for the job, opened by the first task (again if it stopped)."""
+        with self._lock:
+            if self._stream is None or not self._stream.stream.alive:
+                if self._stream is not None:
+                    self._stream.close()
+                self._stream = JobStream(self.job, self.predictor, self.backoff, on_block_done=self.report)
+            return self._stream
+
+    def close(self) -> None:
+        with self._lock:
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
 
 
 class PredictorPlugin(WorkerPlugin):
@@ -104,11 +141,12 @@ class PredictorPlugin(WorkerPlugin):
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
         predictor = self.job.make_predictor(worker_device(self.job.device))
-        # The batch and block parts that fit this worker's device, kept from task to task.
-        _STATE[self.key] = (self.job, predictor, Backoff(self.job.settings.batch_size))
+        _STATE[self.key] = _WorkerJob(self.job, predictor, worker, self.key)
 
     def teardown(self, worker):
-        _STATE.pop(self.key, None)
+        state = _STATE.pop(self.key, None)
+        if state is not None:
+            state.close()
 
 
 def worker_device(device: str) -> str:
@@ -117,21 +155,28 @@ def worker_device(device: str) -> str:
 
 
 def _run_task(key: str, block_ids) -> dict:
-    """One task on a worker: run these blocks with the worker's loaded network."""
+    """One task on a worker: queue these blocks on the worker's pipeline and wait for them.
+
+    The counts are the task's; the stage times, busy seconds and out-of-memory
+    events are the worker's pipeline's so far (tasks share it), tagged with
+    the pipeline's id: the client keeps the latest of each.
+    """
     from distributed import get_worker
 
     worker = get_worker()
-    job, predictor, backoff = _STATE[key]
-    report = _Reporter(worker, key)
+    state = _STATE[key]
+    stream = state.stream()
     try:
-        stats = run_job(job, job.blocks(block_ids), predictor, on_block_done=report, backoff=backoff)
+        counts = stream.run(block_ids)
     finally:
-        report.flush()
-    return {"worker": str(worker.name), "device": str(predictor.device), "num_blocks": stats.num_blocks,
-            "num_voxels": stats.num_voxels, "num_skipped": stats.num_skipped, "seconds": stats.seconds,
-            "read_s": stats.read_s, "transfer_s": stats.transfer_s, "compute_s": stats.compute_s,
-            "write_s": stats.write_s, "out_of_memory": stats.out_of_memory, "batch_size": stats.batch_size,
-            "block_parts": tuple(stats.block_parts)}
+        state.report.flush()
+    pipeline, backoff = stream.stream.stats, state.backoff
+    return {"worker": str(worker.name), "device": str(state.predictor.device), "num_blocks": counts.num_blocks,
+            "num_voxels": counts.num_voxels, "num_skipped": counts.num_skipped, "seconds": counts.seconds,
+            "pipeline": {"id": stream.stream.id, "busy_s": stream.stream.busy_s, "read_s": pipeline.read_s,
+                         "transfer_s": pipeline.transfer_s, "compute_s": pipeline.compute_s,
+                         "write_s": pipeline.write_s, "out_of_memory": backoff.events},
+            "batch_size": backoff.batch_size, "block_parts": tuple(backoff.parts)}
 
 
 class _Reporter:
@@ -226,16 +271,14 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
           on_progress: Callable[[int, int], None] | None,
           on_dashboard: Callable[[str], None] | None) -> DistributedResult:
     """Keep the workers fed with tasks until every block is through; gather what they did."""
-    from distributed import as_completed
-
     result = DistributedResult()
     result.dashboard = client.dashboard_link if _has_dashboard(client) else None
     if on_dashboard is not None and result.dashboard:
         on_dashboard(result.dashboard)
-    count = _WorkerCount(client)
-    check_hdf5_writers(job.target, count())
+    check_hdf5_writers(job.target, _WorkerCount(client)())
     key = job.markers.path.name + "-" + format(abs(hash((str(job.markers.path), os.getpid()))), "x")
-    client.register_plugin(PredictorPlugin(key, job, torch_threads))
+    plugin = PredictorPlugin(key, job, torch_threads)
+    client.register_plugin(plugin)
     lock = threading.Lock()
 
     def progress(event) -> None:
@@ -245,6 +288,19 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
                 on_progress(int(message["blocks"]), int(message["voxels"]))
 
     client.subscribe_topic(PROGRESS_TOPIC, progress)
+    try:
+        _run_tasks(client, key, job, block_ids, retries, result)
+    finally:
+        client.unsubscribe_topic(PROGRESS_TOPIC)
+        _remove_plugin(client, plugin.name)
+    return result
+
+
+def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: DistributedResult) -> None:
+    """Tasks of the elastic feed until every block is through; a failed block fails the run after all others."""
+    from distributed import as_completed
+
+    count = _WorkerCount(client)
     feed = TaskFeed(block_ids, job.settings.batch_size)
     running = as_completed()
 
@@ -258,6 +314,7 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
 
     start = time.perf_counter()
     failures: list[BlockFailedError] = []
+    pipelines: dict = {}  # (worker, pipeline id) -> its latest figures
     top_up()
     for future in running:
         if future.status == "error":
@@ -268,27 +325,47 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
         else:
             summary = future.result()
             feed.observe(summary["num_blocks"], summary["seconds"])
-            _add_summary(result, summary)
+            _add_summary(result, pipelines, summary)
         top_up()
     result.stats.seconds = time.perf_counter() - start
-    client.unsubscribe_topic(PROGRESS_TOPIC)
+    _add_pipelines(result, pipelines)
     if failures:
         first = failures[0]
         first.failed = [index for f in failures for index in f.failed]
         raise first
-    return result
 
 
-def _add_summary(result: DistributedResult, summary: dict) -> None:
+def _remove_plugin(client, name: str) -> None:
+    """The run's plugin off every worker: its pipeline closed, its model and device memory freed."""
+    try:
+        client.unregister_worker_plugin(name)
+    except Exception as err:  # noqa: BLE001 - a cluster going down frees them anyway
+        logger.debug("could not remove the worker plugin %s: %s", name, err)
+
+
+def _add_summary(result: DistributedResult, pipelines: dict, summary: dict) -> None:
+    """A task's counts, and the latest figures of its worker's pipeline."""
     worker = result.workers.setdefault(summary["worker"], WorkerSummary(summary["worker"], summary["device"]))
     worker.num_blocks += summary["num_blocks"]
     worker.num_voxels += summary["num_voxels"]
     worker.num_skipped += summary["num_skipped"]
-    worker.busy_s += summary["seconds"]
-    for name in ("num_blocks", "num_voxels", "num_skipped", "read_s", "transfer_s", "compute_s", "write_s",
-                 "out_of_memory"):
+    worker.tasks += 1
+    for name in ("num_blocks", "num_voxels", "num_skipped"):
         setattr(result.stats, name, getattr(result.stats, name) + summary[name])
+    pipeline = summary["pipeline"]
+    latest = pipelines.setdefault((summary["worker"], pipeline["id"]), dict(pipeline))
+    for name, value in pipeline.items():
+        latest[name] = max(latest[name], value)  # every figure only grows while a pipeline lives
     _merge_sizes(result.stats, summary["batch_size"], Coord(summary["block_parts"]))
+
+
+def _add_pipelines(result: DistributedResult, pipelines: dict) -> None:
+    """Stage times, busy seconds and out-of-memory events: summed over every worker's pipelines."""
+    for (worker, _), figures in pipelines.items():
+        result.workers[worker].busy_s += figures["busy_s"]
+        result.workers[worker].pipelines += 1
+        for name in ("read_s", "transfer_s", "compute_s", "write_s", "out_of_memory"):
+            setattr(result.stats, name, getattr(result.stats, name) + figures[name])
 
 
 class _WorkerCount:

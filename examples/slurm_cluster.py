@@ -25,23 +25,25 @@ with other settings (model, block, halo, precision ...) is refused unless
 ``--overwrite``; the number of jobs may change between runs.
 
 The same without dask-jobqueue, in two steps: start a scheduler and one worker
-per GPU yourself (each worker one thread and one GPU), then point blockpred at
+per GPU yourself (each worker two threads and one GPU), then point blockpred at
 the scheduler.
 
     # on one node (8786: scheduler, 8787: dashboard)
     dask scheduler --port 8786 &
     # on every GPU node, one worker per GPU ...
-    CUDA_VISIBLE_DEVICES=0 dask worker tcp://HOST:8786 --nthreads 1 &
-    CUDA_VISIBLE_DEVICES=1 dask worker tcp://HOST:8786 --nthreads 1 &
+    CUDA_VISIBLE_DEVICES=0 dask worker tcp://HOST:8786 --nthreads 2 &
+    CUDA_VISIBLE_DEVICES=1 dask worker tcp://HOST:8786 --nthreads 2 &
     # ... or let dask-cuda start one per GPU (pip install "blockpred[cuda]")
-    dask-cuda-worker tcp://HOST:8786 --nthreads 1 &
+    dask-cuda-worker tcp://HOST:8786 --nthreads 2 &
     # then, from a machine that sees the same files (--device auto where it has no GPU):
     blockpred run /shared/vol.zarr/raw /shared/vol.zarr/prediction \\
         --scheduler tcp://HOST:8786 --model cremi2018 --device cuda --precision bf16 --retries 3
 
-Start the workers before ``blockpred run``: the blocks are split into about
-eight tasks per worker present when the run starts.  Workers that join later
-load the model and take tasks too, but the tasks were sized for fewer workers.
+Two threads per worker: a worker runs two tasks at once, both feeding its one
+pipeline, so the GPU does not drain between tasks (``--nthreads 1`` works, a
+little slower).  Workers may start before or during the run: tasks are handed
+out as workers become free, and a worker that joins late loads the model and
+takes tasks too.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ JOB_SETTINGS = dict(
     processes=1,                             # one dask worker process per job
     walltime="04:00:00",
     job_extra_directives=["--gres=gpu:1"],   # one GPU per job; SLURM sets CUDA_VISIBLE_DEVICES
-    worker_extra_args=["--nthreads", "1"],   # one task at a time per GPU (overrides nthreads=cores)
+    worker_extra_args=["--nthreads", "2"],   # two tasks feed the GPU's one pipeline (overrides nthreads=cores)
 )
 
 

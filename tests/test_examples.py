@@ -32,4 +32,4 @@ def test_slurm_jobqueue_config_parses():
     slurm = config["jobqueue"]["slurm"]
     assert slurm["processes"] == 1
     assert "--gres=gpu:1" in slurm["job-extra-directives"]
-    assert slurm["worker-extra-args"] == ["--nthreads", "1"]
+    assert slurm["worker-extra-args"] == ["--nthreads", "2"]

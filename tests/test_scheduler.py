@@ -54,6 +54,26 @@ def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
     assert outputs[0].tobytes() == outputs[1].tobytes() == outputs[2].tobytes()
 
 
+def test_a_worker_runs_all_its_tasks_on_one_pipeline_and_frees_it_when_the_run_ends(tmp_path):
+    """Tasks queue their blocks on the worker's one pipeline (no drain between tasks); the run's end frees it."""
+    import threading
+
+    from blockpred import scheduler
+
+    source = random_volume(tmp_path, (32, 64, 128))
+    local = str(tmp_path / "local.zarr")
+    blockpred.predict(source, local, block=16, halo=10, local=True, progress=False, **PINNED)
+    out = str(tmp_path / "dask.zarr")
+    summary = blockpred.predict(source, out, block=16, halo=10, workers=1, progress=False, **PINNED)
+    (worker,) = summary.workers.values()  # one CPU worker: in this process
+    assert worker.num_blocks == 2 * 4 * 8 and worker.tasks > 2 and worker.pipelines == 1
+    assert 0 < worker.busy_s <= summary.stats.seconds, "busy seconds are the pipeline's, not summed over tasks"
+    assert summary.stats.compute_s > 0 and summary.stats.read_s > 0
+    assert read_all(out).tobytes() == read_all(local).tobytes()
+    assert not scheduler._STATE, "the run's worker plugin (model, pipeline) outlived the run"
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("blockpred-stream", "blockpred-read"))]
+
+
 def _config(tmp_path, **model_kwargs) -> str:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({"model_kwargs": model_kwargs, "block": 16, "halo": 10, **PINNED}))

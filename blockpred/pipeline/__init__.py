@@ -6,6 +6,8 @@
 * :mod:`.backoff` shrinks batch and block after an out-of-memory error.
 * :mod:`.writer` writes finished blocks from a bounded pool.
 * :mod:`.worker` connects them over a list of blocks.
+* :mod:`.stream` keeps one such pipeline open and runs each caller's blocks on
+  it (a dask worker's tasks), so it does not drain between callers.
 """
 
 from .backoff import Backoff, is_out_of_memory

@@ -103,6 +103,8 @@ def run_blocks(
     skip: Callable[[Block, np.ndarray], bool] | None = None,
     on_block_skipped: Callable[[Block], None] | None = None,
     backoff: Backoff | None = None,
+    on_block_failed: Callable[[Block, BlockFailedError], None] | None = None,
+    stats: RunStats | None = None,
 ) -> RunStats:
     """Predict ``blocks`` from ``source`` into ``sink``; returns when every write is done.
 
@@ -120,8 +122,14 @@ def run_blocks(
     data is written.  ``skip(block, data)``, given the block's raw input, may
     say the block needs no network: it is then not written and
     ``on_block_skipped(block)`` is called.
+
+    A long-lived caller (a block stream: see :mod:`.stream`) passes
+    ``on_block_failed(block, error)``: failures then go there, as they happen,
+    and neither stop the run nor are raised; and ``stats``, which it can read
+    while the run goes on.  ``blocks`` may yield :class:`.prefetch.Idle`: when
+    the source runs dry, the partial batch held back is run and written.
     """
-    stats = RunStats()
+    stats = stats if stats is not None else RunStats()
     start = time.perf_counter()
     backoff = backoff if backoff is not None else Backoff(settings.batch_size)
     events_before = backoff.events
@@ -147,6 +155,9 @@ def run_blocks(
             on_block_done(block)
 
     def failed(block: Block, error: BlockFailedError) -> None:
+        if on_block_failed is not None:
+            on_block_failed(block, error)
+            return
         with failures_lock:
             failures.append(error)
 
@@ -161,6 +172,9 @@ def run_blocks(
     try:
         with contextlib.closing(reads):
             for item in _usable(reads, failed, on_block_skipped, stats):
+                if item is None:  # the source ran dry for now: nothing may wait in a partial batch
+                    device.flush()
+                    continue
                 device.add(item)
                 if too_many_failures():
                     break
@@ -173,18 +187,25 @@ def run_blocks(
     stats.out_of_memory = backoff.events - events_before
     stats.batch_size, stats.block_parts = backoff.batch_size, backoff.parts
     if failures:
-        first = failures[0]
-        first.failed = [f.block_index for f in failures]
-        if len(failures) > 1:
-            first.args = (f"{first.args[0]} ({len(failures)} blocks failed)",)
-        raise first
+        raise_failures(failures)
     return stats
 
 
-def _usable(reads, failed, on_block_skipped, stats) -> Iterator[tuple[Block, np.ndarray]]:
-    """The blocks that were read and need the network; failures and skips are reported."""
+def raise_failures(failures: list[BlockFailedError]) -> None:
+    """Raise the first failure, naming how many blocks failed; its ``failed`` lists every failed block index."""
+    first = failures[0]
+    first.failed = [f.block_index for f in failures]
+    if len(failures) > 1:
+        first.args = (f"{first.args[0]} ({len(failures)} blocks failed)",)
+    raise first
+
+
+def _usable(reads, failed, on_block_skipped, stats) -> Iterator[tuple[Block, np.ndarray] | None]:
+    """The blocks that were read and need the network (None: none for now); failures and skips are reported."""
     for block, data, error in reads:
-        if error is not None:
+        if block is None:
+            yield None
+        elif error is not None:
             failed(block, error)
         elif data is None:
             with stats._lock:
