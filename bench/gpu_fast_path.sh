@@ -3,12 +3,13 @@
 # Parts (any number, run in the order given):
 #   env       the GPU, driver, torch and the two ceilings (device copy GB/s, bf16 matrix TFLOP/s)
 #   gputests  `pytest -m gpu`
-#   suite     the whole suite (SUITE_LIMIT seconds, 300 by default)
+#   suite     the whole suite (SUITE_LIMIT seconds, 500 by default), short tracebacks and the slowest tests
 #   model     model-only cremi2018 at the seed's block, fp32/tf32/bf16/fp16, and channels_last at bf16
 #   compile   torch.compile (default) at bf16 at the seed's block
 #   pseed     end to end (`bench --pipeline`, GPU load sampled) at the seed's block
 #   pauto     the same at the auto-chosen block and batch, and unet32 with auto sizing
-#   local     `blockpred run` on one GPU: the default (in this process) against --workers 1 (dask), same volume and block
+#   local     `blockpred run` on one GPU: the default (in this process) against --workers 1 (dask), and that
+#             again with MALLOC_ARENA_MAX=1; same volume and block
 #   host      the host-path ceiling on the machine's cores (the copy network on the GPU, beside
 #             tensorstore's raw read+write of the same data), at two block shapes
 # Everything goes under $OUT (JSON, markdown tables, the log).
@@ -64,7 +65,7 @@ EOF
     ;;
   suite)
     log "== pytest (whole suite)"
-    timeout "${SUITE_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest-all.txt" 2>&1
+    timeout "${SUITE_LIMIT:-500}" python3 -m pytest -q --tb=short --durations=15 -p no:cacheprovider tests > "$OUT/pytest-all.txt" 2>&1
     log "   exit $?: $(tail -n 1 "$OUT/pytest-all.txt")"
     ;;
   model)
@@ -93,11 +94,15 @@ z = zarr.create_array("/tmp/bp-in.zarr", shape=(220, 2304, 2304), chunks=(64, 25
 rng = np.random.default_rng(0)
 for k in range(0, 220, 55): z[k:k + 55] = rng.integers(0, 255, (min(55, 220 - k), 2304, 2304), dtype=np.uint8)
 EOF
-    for mode in "" "--workers 1"; do  # the default (in this process, one GPU) against one dask GPU worker
-      log "== blockpred run cremi2018 bf16 $SEED $mode"
+    # The default (in this process, one GPU) against one dask GPU worker (its pipeline kept across tasks),
+    # and the same worker with glibc's arenas limited to one (CPU workers get MALLOC_ARENA_MAX=1).
+    for mode in "" "--workers 1" "arena1 --workers 1"; do
+      arena=""
+      case "$mode" in arena1*) arena="MALLOC_ARENA_MAX=1"; mode="${mode#arena1 }" ;; esac
+      log "== blockpred run cremi2018 bf16 $SEED $mode $arena"
       start=$SECONDS
-      timeout ${LOCAL_LIMIT:-200} python3 -m blockpred run /tmp/bp-in.zarr /tmp/bp-out.zarr --model cremi2018 $SEED --precision bf16 \
-        --device cuda $mode --overwrite >> "$OUT/log.txt" 2>&1 || log "   exit $?"
+      env $arena timeout ${LOCAL_LIMIT:-200} python3 -m blockpred run /tmp/bp-in.zarr /tmp/bp-out.zarr --model cremi2018 $SEED \
+        --precision bf16 --device cuda $mode --overwrite >> "$OUT/log.txt" 2>&1 || log "   exit $?"
       log "   $((SECONDS - start)) s"
     done
     ;;

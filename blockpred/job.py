@@ -125,9 +125,10 @@ class JobStream:
         finally:
             self.job.markers.flush()  # on an object store: written before the task reports back
 
-    def close(self) -> None:
+    def close(self, *, cancel: bool = False) -> None:
+        """Stop the pipeline (``cancel``: after the blocks already in it) and close the volumes."""
         try:
-            self.stream.close()
+            self.stream.close(cancel=cancel)
         finally:
             self._source.close()
             self._sink.close()

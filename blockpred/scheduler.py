@@ -118,9 +118,10 @@ class _WorkerJob:
             return self._stream
 
     def close(self) -> None:
+        """At the run's end the pipeline is idle; after a failed run, only the blocks already in it finish."""
         with self._lock:
             if self._stream is not None:
-                self._stream.close()
+                self._stream.close(cancel=True)
                 self._stream = None
 
 

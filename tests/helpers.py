@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,20 @@ import zarr
 from zarr.storage import LocalStore
 
 from blockpred.io import create_volume, parse_volume_path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(*first: str | Path) -> dict[str, str]:
+    """The environment for a child Python: ``first`` (default: the repository) ahead of this one's ``PYTHONPATH``.
+
+    Replacing ``PYTHONPATH`` would hide packages installed with ``pip install
+    --target`` and found through it (as on the GPU machine, where every child
+    of these tests then failed to import zarr or dask).
+    """
+    entries = [str(path) for path in (first or (ROOT,))]
+    entries += [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(entries))
 
 
 def write_test_volume(

@@ -17,7 +17,7 @@ from blockpred.io.base import parse_volume_path
 from blockpred.markers import DoneMarkers
 from blockpred.mask import Mask
 from blockpred.scheduler import TaskFeed
-from tests.helpers import write_test_volume
+from tests.helpers import write_test_volume, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def test_marks_from_two_processes_are_read_back_in_bulk_and_a_torn_record_is_ign
             "m = DoneMarkers.open(Path(sys.argv[1])); "
             "p = plan_blocks(volume_shape=Coord((24, 32, 40)), block_shape=Coord((8, 8, 8)), halo=Coord((0, 0, 0))); "
             "m.mark_done(p.block(Coord((2, 0, 0))))")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], check=True, env=child_env())
     logs = sorted((tmp_path / "m" / "done").iterdir())
     assert len(logs) == 2  # one per process, never a file per block
     with open(logs[0], "ab") as f:
@@ -162,7 +162,7 @@ def test_the_readme_api_example_runs_as_a_plain_script_without_a_main_guard(tmp_
     data = np.random.default_rng(2).integers(0, 255, (32, 64, 64), dtype=np.uint8)
     write_test_volume(str(tmp_path / "vol.zarr/raw"), data)
     (tmp_path / "script.py").write_text(code)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env()
     result = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,5 +1,6 @@
 """The cluster examples and configs: they load, parse and import (no cluster, no dask-jobqueue needed)."""
 
+import os
 import importlib.util
 from pathlib import Path
 
@@ -33,3 +34,12 @@ def test_slurm_jobqueue_config_parses():
     assert slurm["processes"] == 1
     assert "--gres=gpu:1" in slurm["job-extra-directives"]
     assert slurm["worker-extra-args"] == ["--nthreads", "2"]
+
+
+def test_a_child_python_of_the_tests_keeps_the_packages_found_through_pythonpath(monkeypatch, tmp_path):
+    """On the GPU machine the dependencies are found through PYTHONPATH (pip --target): children must keep it."""
+    from tests.helpers import ROOT, child_env
+
+    monkeypatch.setenv("PYTHONPATH", f"/opt/site{os.pathsep}/opt/more")
+    assert child_env()["PYTHONPATH"] == os.pathsep.join([str(ROOT), "/opt/site", "/opt/more"])
+    assert child_env(tmp_path)["PYTHONPATH"] == os.pathsep.join([str(tmp_path), "/opt/site", "/opt/more"])

@@ -17,7 +17,7 @@ from blockpred.cli import main
 from blockpred.io import open_volume
 from blockpred.markers import DoneMarkers, markers_path
 from blockpred.io.base import parse_volume_path
-from tests.helpers import write_test_volume
+from tests.helpers import write_test_volume, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +81,7 @@ def _config(tmp_path, **model_kwargs) -> str:
 
 
 def _start_run(args, cwd) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env()
     return subprocess.Popen([sys.executable, "-m", "blockpred", "run", *args, "--no-progress"], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -312,7 +312,7 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
             time.sleep(0.05)
         late = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
                                  "--nthreads", "1", "--name", "late", "--no-dashboard"],
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
+                                env=child_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
             client.wait_for_workers(2, timeout=120)

@@ -16,6 +16,7 @@ Bookkeeping costs a dictionary entry and a lock per block, on the worker.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -63,7 +64,8 @@ class BlockStream:
     def __init__(self, runner: Callable[..., RunStats], *, max_failures: int,
                  on_block_done: Callable[[Block], None] | None = None,
                  on_block_skipped: Callable[[Block], None] | None = None):
-        self.id = next(_IDS)
+        #: Unique among the pipelines of every process (a restarted worker's counter starts again).
+        self.id = f"{os.getpid()}-{next(_IDS)}"
         #: The pipeline's stage times, summed over every call so far (read while it runs).
         self.stats = RunStats()
         self._runner, self._max_failures = runner, max(1, max_failures)
@@ -119,10 +121,17 @@ class BlockStream:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closed
 
-    def close(self) -> None:
-        """Finish what is queued, stop the pipeline and wait for its thread."""
+    def close(self, *, cancel: bool = False) -> None:
+        """Finish what is queued, stop the pipeline and wait for its thread.
+
+        ``cancel``: hand out no more blocks; only those already in the pipeline
+        finish (a few batches), and the waiting calls return with what was done.
+        """
         with self._lock:
             self._closed = True
+            if cancel:
+                for ticket in self._queued:
+                    ticket.blocks = iter(())
             self._lock.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()

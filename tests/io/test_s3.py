@@ -19,7 +19,7 @@ from blockpred.io.base import parse_volume_path
 from blockpred.io.stores import ObjectUrl, StorageOptions, aws_credentials, kvstore_spec
 from blockpred.markers import DoneMarkers, markers_path
 from blockpred.prepare import check_output_path, default_output_path
-from tests.helpers import write_test_volume
+from tests.helpers import write_test_volume, child_env
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: Runs compared bitwise name their batch and layout (see tests/test_scheduler.py).
@@ -140,7 +140,7 @@ def test_a_precomputed_volume_on_s3_predicts_into_precomputed_on_s3_as_on_local_
 
 
 def _start_run(args, cwd) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env()
     return subprocess.Popen([sys.executable, "-m", "blockpred", "run", *args, "--no-progress"], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 

@@ -16,6 +16,7 @@ from blockpred.models.inferno import InfernoUNet
 from blockpred.models.loading import file_sha256, load_model, state_dict_sha256
 from blockpred.models.presets import PRESETS, build_preset
 from blockpred.models.unet import UNet3d
+from tests.helpers import child_env
 
 DATA = Path(__file__).parent / "data"
 REGRESSION = DATA / "inferno_unet_regression.pt"
@@ -360,7 +361,7 @@ def test_pickled_trainer_of_a_package_that_is_not_installed_loads_only_with_trus
         (fake / name).parent.mkdir(parents=True, exist_ok=True)
         (fake / name).write_text(textwrap.dedent(text))
     ckpt, expected = tmp_path / "ckpt.pytorch", tmp_path / "expected.pt"
-    env = {**os.environ, "PYTHONPATH": str(fake)}
+    env = child_env(fake)
     subprocess.run([sys.executable, "-c", PICKLE_TRAINER, str(ckpt), str(expected)], env=env, check=True)
 
     with pytest.raises(ImportError):

@@ -218,3 +218,25 @@ def test_a_closed_stream_finishes_its_thread_and_refuses_calls(setup, tmp_path):
     assert not stream.alive
     with pytest.raises(StreamStoppedError, match="closed"):
         stream.run([setup["plan"].block_from_id(1)])
+
+
+def test_a_cancelled_close_finishes_only_the_blocks_in_the_pipeline(setup, tmp_path):
+    plan = setup["plan"]
+    recorder = Recorder()
+    first_written = threading.Event()
+
+    def done(block):
+        recorder.done(block)
+        first_written.set()
+
+    with _sink(str(tmp_path / "out.zarr")) as sink:
+        runner = functools.partial(run_blocks, source=open_volume(setup["source"]), sink=sink,
+                                   predictor=setup["predictor"], settings=_settings(setup["model"]))
+        stream = BlockStream(runner, max_failures=10, on_block_done=done)
+        outcome = _in_thread(stream.run, [plan.block_from_id(i) for i in range(32)])
+        assert first_written.wait(30)
+        stream.close(cancel=True)
+        outcome["thread"].join(30)
+    assert not stream.alive and not outcome["thread"].is_alive()
+    counts = outcome["result"]
+    assert 1 <= counts.num_blocks < 32 and counts.num_blocks == len(recorder.written)
