@@ -212,7 +212,7 @@ def _worker_environment(num_workers: int, *, cpu: bool) -> dict:
     A CPU worker's network runs on a thread that is not the process's main
     thread, so glibc serves its tensors from a secondary arena, and there the
     network ran at about half its main-thread speed (tiny, 148^3 input on
-    2 cores: 7.0 s against 3.5 s of compute for the same 9 blocks).
+    2 cores: 6.5-8.0 s against 3.8 s of compute for the same 9 blocks; bench/bench_thread_arena.py).
     ``MALLOC_ARENA_MAX=1`` puts every thread on the main arena and removes the
     difference.  GPU workers keep glibc's default until measured on a GPU.
     """

@@ -1,6 +1,5 @@
 """Bookkeeping in bulk: the mask's block coverage, marker logs, the task feed and `blockpred plan`."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path

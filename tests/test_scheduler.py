@@ -19,7 +19,6 @@ from blockpred.markers import DoneMarkers, markers_path
 from blockpred.io.base import parse_volume_path
 from tests.helpers import write_test_volume, child_env
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 #: These tests are about scheduling: they name the batch and the layout, so that no measuring runs

@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from blockpred.markers import DoneMarkers, markers_path
 from blockpred.prepare import check_output_path, default_output_path
 from tests.helpers import write_test_volume, child_env
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 #: Runs compared bitwise name their batch and layout (see tests/test_scheduler.py).
 PINNED = {"batch_size": 1, "memory_format": "contiguous"}
 RUN = dict(block=16, halo=4, local=True, progress=False, **PINNED)
