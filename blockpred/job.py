@@ -87,10 +87,9 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     source = open_volume(job.source)
     sink = open_volume(job.target, mode="r+")
     try:
-        return run_blocks(_unmarked(job, blocks), source=source, sink=sink, predictor=predictor,
-                          settings=job.settings, on_block_done=_marking(markers, on_block_done),
-                          skip=is_empty if job.skip_empty else None, on_block_skipped=markers.mark_skipped,
-                          backoff=backoff)
+        pipeline = _pipeline(job, source, sink, predictor, backoff)
+        return pipeline(_unmarked(job, blocks), on_block_done=_marking(markers, on_block_done),
+                        on_block_skipped=markers.mark_skipped)
     finally:
         source.close()
         sink.close()
@@ -111,10 +110,8 @@ class JobStream:
         self.job = job
         self._source = open_volume(job.source)
         self._sink = open_volume(job.target, mode="r+")
-        runner = functools.partial(run_blocks, source=self._source, sink=self._sink, predictor=predictor,
-                                   settings=job.settings, skip=is_empty if job.skip_empty else None,
-                                   backoff=backoff)
-        self.stream = BlockStream(runner, max_failures=job.settings.max_failures,
+        self.stream = BlockStream(_pipeline(job, self._source, self._sink, predictor, backoff),
+                                  max_failures=job.settings.max_failures,
                                   on_block_done=_marking(job.markers, on_block_done),
                                   on_block_skipped=job.markers.mark_skipped)
 
@@ -132,6 +129,12 @@ class JobStream:
         finally:
             self._source.close()
             self._sink.close()
+
+
+def _pipeline(job: Job, source, sink, predictor: Predictor, backoff: Backoff | None) -> Callable[..., RunStats]:
+    """:func:`run_blocks` with the job's volumes, network and settings bound: it takes the blocks and callbacks."""
+    return functools.partial(run_blocks, source=source, sink=sink, predictor=predictor, settings=job.settings,
+                             skip=is_empty if job.skip_empty else None, backoff=backoff)
 
 
 def _unmarked(job: Job, blocks: Iterable[Block]) -> Iterator[Block]:

@@ -41,7 +41,6 @@ import atexit
 import json
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
@@ -128,10 +127,7 @@ class DoneMarkers:
                masked: np.ndarray | None = None) -> "DoneMarkers":
         """New markers for ``plan``; ``masked`` (a boolean grid) marks the blocks a mask leaves out."""
         remote = isinstance(path, ObjectUrl)
-        if remote:
-            stores.delete_prefix(path)
-        elif path.exists():
-            shutil.rmtree(path)
+        stores.remove_tree(path)
         token = uuid.uuid4().hex
         group = zarr.open_group(_zarr_location(path), mode="w", zarr_format=3)
         group.attrs["blockpred"] = {"fingerprint": as_json(fingerprint), "grid_begin": list(plan.grid_begin),
@@ -167,11 +163,9 @@ class DoneMarkers:
 
     @staticmethod
     def remove(path: Path | ObjectUrl) -> None:
+        stores.remove_tree(path)
         if isinstance(path, ObjectUrl):
-            stores.delete_prefix(path)
             return
-        if path.exists():
-            shutil.rmtree(path)
         parent = path.parent
         if parent.name.endswith(".blockpred") and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,10 +111,7 @@ def remove_volume(path: VolumePath) -> None:
             f"{str(path)!r} is an N5 group, not a dataset; blockpred removes one dataset at a time, "
             f"name one of: {_list_datasets(directory)}"
         )
-    if path.is_remote:
-        stores.delete_prefix(directory)  # the dataset's objects only (keys below "vol.n5/dataset/")
-    else:
-        shutil.rmtree(directory)
+    stores.remove_tree(directory)  # on a store: the dataset's objects only (keys below "vol.n5/dataset/")
     log.info("removed N5 dataset %s", path)
 
 

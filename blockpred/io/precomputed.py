@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 
 import numpy as np
 import tensorstore as ts
@@ -129,10 +128,7 @@ def remove_volume(path: VolumePath) -> None:
         )
     if _read_info(path, strict=False) is None:
         return
-    if path.is_remote:
-        stores.delete_prefix(path.container)  # the volume's objects only (keys below "em/")
-    else:
-        shutil.rmtree(path.container)
+    stores.remove_tree(path.container)  # on a store: the volume's objects only (keys below "em/")
     log.info("removed precomputed volume %s", path)
 
 

@@ -39,7 +39,9 @@ import functools
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping
 
 from ..errors import InputNotFoundError, InvalidOptionError, StorageAccessError
@@ -299,6 +301,14 @@ def delete_prefix(url: ObjectUrl) -> None:
         kv.delete_range(_exact_range(url.key)).result()
     except ValueError as error:
         raise storage_error(url, error, writing=True) from error
+
+
+def remove_tree(location: Path | ObjectUrl) -> None:
+    """Remove a directory tree, or every object below a URL (see :func:`delete_prefix`); none there is fine."""
+    if isinstance(location, ObjectUrl):
+        delete_prefix(location)
+    elif location.exists():
+        shutil.rmtree(location)
 
 
 def bucket_exists(url: ObjectUrl) -> bool:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import dataclass
 
 import numcodecs
@@ -152,10 +151,8 @@ def remove_volume(path: VolumePath) -> None:
             f"{str(path)!r} is a zarr group holding {_list_volumes(store, path.dataset)}; "
             f"blockpred removes one array or OME-NGFF image at a time, name one of them"
         )
-    if not path.dataset and path.is_remote:
-        stores.delete_prefix(path.container)  # the container's objects only (keys below "vol.zarr/")
-    elif not path.dataset:
-        shutil.rmtree(path.container)
+    if not path.dataset:
+        stores.remove_tree(path.container)  # on a store: the container's objects only (keys below "vol.zarr/")
     else:
         parent, _, name = path.dataset.rpartition("/")
         del zarr.open_group(store, path=parent, mode="r+")[name]

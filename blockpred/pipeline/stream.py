@@ -205,18 +205,18 @@ class BlockStream:
     def _done(self, block: Block) -> None:
         if self._on_block_done is not None:
             self._on_block_done(block)  # an error here fails the block (the writer reports it)
-        self._settle(block, lambda counts: _count_written(counts, block))
+        self._settle(block, "written")
 
     def _skipped(self, block: Block) -> None:
         if self._on_block_skipped is not None:
             self._on_block_skipped(block)
-        self._settle(block, _count_skipped)
+        self._settle(block, "skipped")
 
     def _failed(self, block: Block, error: BlockFailedError) -> None:
-        self._settle(block, None, error)
+        self._settle(block, "failed", error)
 
-    def _settle(self, block: Block, count: Callable[[RunStats], None] | None,
-                error: BlockFailedError | None = None) -> None:
+    def _settle(self, block: Block, outcome: str, error: BlockFailedError | None = None) -> None:
+        """``block`` is written, skipped or failed: its call hears of it."""
         with self._lock:
             owners = self._owner.get(block.index)
             if not owners:
@@ -225,8 +225,11 @@ class BlockStream:
             if not owners:
                 del self._owner[block.index]
             ticket.outstanding -= 1
-            if error is None:
-                count(ticket.counts)
+            if outcome == "written":
+                ticket.counts.num_blocks += 1
+                ticket.counts.num_voxels += block.write_box.size
+            elif outcome == "skipped":
+                ticket.counts.num_skipped += 1
             else:
                 ticket.failures.append(error)
                 if len(ticket.failures) >= self._max_failures and not ticket.exhausted:
@@ -248,11 +251,3 @@ class BlockStream:
     def _reason(self) -> str:
         return f" (it stopped on: {self._stopped})" if self._stopped is not None else ""
 
-
-def _count_written(counts: RunStats, block: Block) -> None:
-    counts.num_blocks += 1
-    counts.num_voxels += block.write_box.size
-
-
-def _count_skipped(counts: RunStats) -> None:
-    counts.num_skipped += 1
