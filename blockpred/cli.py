@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import BlockFailedError, BlockpredError
+from .errors import BlockFailedError, BlockpredError, OwnershipLostError, os_reason
 from .geometry import Coord
 
 logger = logging.getLogger("blockpred")
@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="blockpred", description="Blockwise 3D U-Net prediction for large volumes.")
     parser.add_argument("--version", action="version", version=f"blockpred {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (and log what happens) instead of one line")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="predict a volume", description="Predict INPUT block by block into OUTPUT.")
@@ -307,21 +309,35 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         commands = {"run": _run, "plan": _plan, "bench": _bench, "demo": _demo}
         return commands[args.command](args)
-    except BlockpredError as err:
-        print(f"blockpred: error: {err}", file=sys.stderr)
-        return err.exit_code
-    except BlockFailedError as err:
-        cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
-        print(f"blockpred: error: {err}{cause}", file=sys.stderr)
-        return err.exit_code
+    except Exception as err:  # noqa: BLE001 - every error is one line (with --debug, its traceback)
+        if args.debug:
+            raise
+        print(f"blockpred: error: {_one_line(err)}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
     except KeyboardInterrupt:
         print("blockpred: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(err: BaseException) -> str:
+    """An error as the one line the user sees: blockpred's own say what to do; others are named, with the cure."""
+    if isinstance(err, BlockpredError):
+        return str(err)
+    if isinstance(err, BlockFailedError):
+        cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
+        return f"{err}{cause}"
+    if isinstance(err, OwnershipLostError):
+        return str(err)
+    if isinstance(err, OSError):
+        reason, fix = os_reason(err)
+        return f"{reason}; {fix}"
+    text = str(err).split("\n", 1)[0]
+    return f"{type(err).__name__}: {text} (an unexpected error: run again with --debug for its traceback, and report it)"
 
 
 def console() -> int:

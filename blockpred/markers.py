@@ -57,6 +57,7 @@ from .geometry import Coord
 from .io import stores
 from .io.base import VolumePath
 from .io.stores import ObjectUrl
+from .ownership import check_owner, lock_path
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,10 @@ FLUSH_S = 1.0
 
 
 def markers_path(target: VolumePath) -> Path | ObjectUrl:
-    """Where the markers of an output live: beside its container, named after its dataset."""
+    """Where the markers of an output live: beside its (real, links resolved) container, named after its dataset."""
     container = target.absolute().container
+    if not isinstance(container, ObjectUrl):  # one output, one set of markers, whichever link reaches it
+        container = Path(os.path.realpath(container))
     return container.with_name(container.name + ".blockpred") / (target.dataset or _ROOT_NAME)
 
 
@@ -100,10 +103,23 @@ def as_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, (tuple, Coord)) else str(v)))
 
 
-# Per process: the open log of each marker set and kind, and the block ids this process marked.
+# Per process: the open log of each marker set and kind, and the blocks this process marked (a bit per block).
 _LOGS: dict[tuple[str, str, int], int] = {}
-_MARKED: dict[tuple[str, str], set[int]] = {}
+_MARKED: dict[tuple[str, str], "_Bits"] = {}
 _LOGS_LOCK = threading.Lock()
+
+
+class _Bits:
+    """One bit per block of a grid: flat memory (3.8 MB for 30 million blocks), not a Python int per block."""
+
+    def __init__(self, size: int):
+        self._bytes = np.zeros((size + 7) // 8, dtype=np.uint8)
+
+    def add(self, index: int) -> None:
+        self._bytes[index >> 3] |= np.uint8(1 << (index & 7))
+
+    def __contains__(self, index: int) -> bool:
+        return bool(self._bytes[index >> 3] & (1 << (index & 7)))
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,9 @@ class DoneMarkers:
     grid_shape: Coord
     #: Tells one creation of the markers from another at the same path (a log is never reused).
     token: str = ""
+    #: The token of the run that owns the output (its lock, see :mod:`blockpred.ownership`): marks are made
+    #: only while that run holds the lock.  "" checks nothing (markers used outside a run).
+    owner: str = ""
 
     # ----------------------------------------------------------------- life cycle
     @property
@@ -162,6 +181,24 @@ class DoneMarkers:
         return dict(zarr.open_group(_zarr_location(self.path, read_only=True), mode="r").attrs["blockpred"]["fingerprint"])
 
     @staticmethod
+    def invalidate(path: Path | ObjectUrl) -> None:
+        """Make the markers at ``path`` vouch for nothing, at once, then remove them.
+
+        Their group's ``zarr.json`` goes first (one unlink): from then on
+        :meth:`open` finds no markers, so an output whose deletion is cut short
+        (a kill, a full disk, a refused permission) is never resumed as finished.
+        """
+        head = path / "zarr.json"
+        if isinstance(head, ObjectUrl):
+            stores.delete_prefix(head)
+        else:
+            try:
+                os.unlink(head)
+            except FileNotFoundError:
+                pass
+        stores.remove_tree(path)
+
+    @staticmethod
     def remove(path: Path | ObjectUrl) -> None:
         stores.remove_tree(path)
         if isinstance(path, ObjectUrl):
@@ -188,13 +225,18 @@ class DoneMarkers:
         return fd
 
     def _mark(self, name: str, block: Block) -> None:
+        if self.owner:
+            check_owner(lock_path(self.path), self.owner)
         block_id = self.block_id(block.index)
         if self.remote:
             _buffer(self.path, self.token, name).add(block_id)
         else:
             os.write(self._log(name), _RECORD.type(block_id).tobytes())  # one append: a whole record or none
         with _LOGS_LOCK:
-            _MARKED.setdefault((str(self.path), self.token), set()).add(block_id)
+            marked = _MARKED.get((str(self.path), self.token))
+            if marked is None:
+                marked = _MARKED[(str(self.path), self.token)] = _Bits(self.grid_shape.prod())
+            marked.add(block_id)
 
     def mark_done(self, block: Block) -> None:
         """Record that ``block``'s data is written (call only after the write)."""

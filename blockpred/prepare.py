@@ -13,10 +13,12 @@ markers and the empty output.  ``blockpred plan`` stops after
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -25,9 +27,11 @@ from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, p
 from .blocking import BlockPlan, blocks_per_axis, plan_blocks
 from .config import RunConfig, make_config
 from .defaults import FORMAT_PASSES, Defaults, measuring_budget
-from .errors import InvalidOptionError, ModelLoadError, OutputExistsError
+from .errors import (BlockpredError, InvalidOptionError, ModelLoadError, OutputExistsError, is_permanent,
+                     output_error)
 from .geometry import Coord
 from .io import (
+    identity,
     VolumePath,
     check_input_volume,
     create_volume,
@@ -38,6 +42,7 @@ from .io import (
 )
 from .job import ModelSpec
 from .layout import OutputLayout, block_step, choose_layout
+from .io.stores import ObjectUrl
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
 from .memformat import REPEATS as FORMAT_REPEATS
@@ -65,26 +70,67 @@ def default_output_path(source: VolumePath) -> VolumePath:
     return VolumePath(source.format, source.container.with_name(source.container.stem + ".prediction" + suffix), "")
 
 
-def _same_container(a: VolumePath, b: VolumePath) -> bool:
-    return a.absolute().container == b.absolute().container
+def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool = False,
+                      mask: VolumePath | None = None) -> None:
+    """Refuse an output that is, holds or lies inside the input (or the mask), whatever names reach them.
 
-
-def check_output_path(source: VolumePath, target: VolumePath) -> None:
-    """Refuse an output inside the input array, or one that would contain (and so replace) it."""
+    Places are compared on disk (:mod:`blockpred.io.identity`): a symbolic link,
+    a symlinked parent directory, a hard link to an HDF5 file or a bind mount
+    is the place it reaches.  The output's markers must not touch the input
+    either, and ``overwrite`` never deletes through a symbolic link.
+    """
     if target.format == "hdf5" and not target.dataset:
         raise InvalidOptionError(f"HDF5 output {str(target)!r} names no dataset; use for example {target}prediction")
-    if not _same_container(source, target):
-        return
-    inside = not source.dataset or target.dataset == source.dataset or target.dataset.startswith(source.dataset + "/")
+    for role, protected in (("input", source), ("mask", mask)):
+        if protected is not None:
+            _check_apart(protected, target, role)
+    markers = markers_path(target)
+    for role, protected in (("input", source), ("mask", mask)):
+        if protected is not None and identity.overlap(identity.data_node(protected), markers):
+            raise InvalidOptionError(
+                f"the markers of output {str(target)!r} would be written at {markers}, which is or holds the "
+                f"{role} {str(protected)!r}; choose another output"
+            )
+    if overwrite:
+        link = identity.link_in_the_way(identity.data_node(target))
+        if link is not None:
+            raise InvalidOptionError(
+                f"output {str(target)!r} is a symbolic link to {os.path.realpath(link)}; --overwrite does not delete "
+                f"through links: name the real path, or remove the link"
+            )
+
+
+def _check_apart(source: VolumePath, target: VolumePath, role: str) -> None:
+    """The output neither is, nor holds, nor lies inside ``source`` (one HDF5 file may hold both, apart)."""
+    if source.format == target.format == "hdf5" and identity.same_file(source.container, target.container):
+        inside = target.dataset == source.dataset or target.dataset.startswith(source.dataset + "/")
+        holds = source.dataset.startswith(target.dataset + "/")
+    else:
+        source_node, target_node = identity.data_node(source), identity.data_node(target)
+        inside = identity.within(target_node, source_node)
+        holds = not inside and identity.within(source_node, target_node)
+    through = _through_links(source, target)
     if inside:
+        sibling = str(source.sibling("prediction")) if source.dataset else "another container"
         raise InvalidOptionError(
-            f"output {str(target)!r} is inside the input array {str(source)!r}; "
-            f"write to a sibling dataset (such as {str(source.sibling('prediction')) if source.dataset else 'another container'})"
+            f"output {str(target)!r} is inside the {role} array {str(source)!r}{through}; write to a sibling dataset "
+            f"(such as {sibling})"
         )
-    if not target.dataset or source.dataset.startswith(target.dataset + "/"):
+    if holds:
         raise InvalidOptionError(
-            f"output {str(target)!r} contains the input {str(source)!r}; choose a sibling dataset or another container"
+            f"output {str(target)!r} contains the {role} {str(source)!r}{through}; choose a sibling dataset or "
+            f"another container"
         )
+
+
+def _through_links(source: VolumePath, target: VolumePath) -> str:
+    """' (both are /real/g.zarr)' when the two names differ but reach one container; else ''."""
+    if source.is_remote or target.is_remote or source.container == target.container:
+        return ""
+    real = identity.resolved(source.container)
+    if identity.same_file(source.container, target.container):
+        return f" (both names reach {real})"
+    return f" (reached through links or mounts: {real})"
 
 
 def default_io_threads(cfg: RunConfig) -> int:
@@ -131,7 +177,8 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
     source_path = parse_volume_path(input, cfg.storage_options)
     target_path = (parse_volume_path(output, cfg.storage_options) if output is not None
                    else default_output_path(source_path))
-    check_output_path(source_path, target_path)
+    check_output_path(source_path, target_path, overwrite=cfg.overwrite,
+                      mask=parse_volume_path(cfg.mask, cfg.storage_options) if cfg.mask is not None else None)
     if target_path.format == "n5" and cfg.output_dtype.name == "float16":
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
     if target_path.format == "precomputed":  # one scale, a data type precomputed has
@@ -268,28 +315,71 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                     resumed, previous, masked, format_choice)
 
 
-def create_output(p: Prepared, source) -> DoneMarkers:
-    """Every check has passed: only now is anything written.  Markers first, so an
-    output without markers is never one of ours half-made."""
+def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
+    """Every check has passed and this run holds the output's lock (``owner``, its token): write.
+
+    The state :func:`prepare` saw is checked again under the lock: a resume
+    continues the same markers, and an output that appeared meanwhile (made by
+    another run) is refused unless ``overwrite``.  Replacing an output goes in
+    an order a kill at any moment cannot turn into a wrong resume: the old
+    markers are invalidated first (see :meth:`DoneMarkers.invalidate`), then
+    the old output is deleted, then the new markers are written, then the
+    empty output -- so an output without markers is never one of ours
+    half-made.  What this call creates is removed again if creating fails
+    (a full disk, a refused permission), and the error is one line.
+    """
     cfg, plan, output = p.cfg, p.layout.plan, p.layout.output
-    if volume_exists(p.target_path):
-        remove_volume(p.target_path)
-    markers = DoneMarkers.create(markers_path(p.target_path), plan, p.fingerprint, p.masked)
-    sink = create_volume(
-        p.target_path,
-        spatial_shape=source.spatial_shape,
-        num_channels=p.out_channels,
-        dtype=cfg.output_dtype,
-        chunk_shape=output.chunks,
-        shard_shape=output.shards,
-        compression=cfg.compression,
-        voxel_size=source.voxel_size,
-    )
-    sink.close()
+    path, target = markers_path(p.target_path), str(p.target_path)
+    current = DoneMarkers.open(path)
+    if p.resumed:
+        if current is None or current.token != p.previous.token:
+            raise OutputExistsError(f"output {target!r} changed while this run was starting (another run wrote it); "
+                                    f"run the same command again")
+        return dataclasses.replace(current, owner=owner)
+    exists = volume_exists(p.target_path)
+    if exists and not cfg.overwrite:
+        raise OutputExistsError(f"output {target!r} appeared while this run was starting (made by another run); run "
+                                f"the same command again to resume it, or pass --overwrite to replace it")
+    try:
+        if current is not None or exists:
+            DoneMarkers.invalidate(path)  # first: from here nothing vouches for the chunks about to go
+        if exists:
+            remove_volume(p.target_path)
+    except BlockpredError:
+        raise
+    except OSError as err:
+        raise output_error(err, "delete the old output", target) from None
+    try:
+        markers = DoneMarkers.create(path, plan, p.fingerprint, p.masked)
+        sink = create_volume(
+            p.target_path,
+            spatial_shape=source.spatial_shape,
+            num_channels=p.out_channels,
+            dtype=cfg.output_dtype,
+            chunk_shape=output.chunks,
+            shard_shape=output.shards,
+            compression=cfg.compression,
+            voxel_size=source.voxel_size,
+        )
+        sink.close()
+    except Exception as err:
+        _undo_create(p.target_path, path)
+        if not isinstance(err, BlockpredError) and (isinstance(err, OSError) or is_permanent(err)):
+            raise output_error(err, "create the output", target) from None
+        raise
     # Blocks are whole chunks (shards, for a sharded array): no two tasks ever write one chunk.
     if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
         raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {p.target_path}")
-    return markers
+    return dataclasses.replace(markers, owner=owner)
+
+
+def _undo_create(target: VolumePath, markers: Path | ObjectUrl) -> None:
+    """Remove what a failed :func:`create_output` made (markers first); what cannot go stays, unvouched for."""
+    for undo in (lambda: DoneMarkers.invalidate(markers), lambda: remove_volume(target)):
+        try:
+            undo()
+        except Exception as err:  # noqa: BLE001 - the creation's own error is the one to report
+            logger.debug("could not undo a failed output creation: %s", err)
 
 
 def _check_pyramid(cfg: RunConfig, source, target_path: VolumePath) -> None:
@@ -326,7 +416,7 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
                  channels, mask: Mask | None) -> dict:
     """Everything that decides the output's values and layout (see :mod:`blockpred.markers`)."""
     return {
-        "input": str(source_path.absolute()), "input_shape": source.shape, "input_dtype": str(source.dtype),
+        "input": _real_name(source_path), "input_shape": source.shape, "input_dtype": str(source.dtype),
         "model": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
         "model_weights": model.weights_sha256, "model_kwargs": dict(cfg.model_kwargs),
         "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
@@ -335,8 +425,14 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
         "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": output.chunks,
         "output_shards": output.shards,
         "channels": channels, "skip_empty": cfg.skip_empty,
-        "mask": None if mask is None else [str(mask.path.absolute()), mask.mask_shape],
+        "mask": None if mask is None else [_real_name(mask.path), mask.mask_shape],
     }
+
+
+def _real_name(path: VolumePath) -> str:
+    """The path with its links resolved: a resume through another link to the same input is the same run."""
+    path = path.absolute()
+    return str(VolumePath(path.format, identity.resolved(path.container), path.dataset))
 
 
 def _downsampling(cfg: RunConfig, model) -> Coord:

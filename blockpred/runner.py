@@ -22,10 +22,11 @@ from .autosize import SizeChoice
 from .blocking import Block, BlockPlan
 from .config import RunConfig
 from .defaults import Defaults
-from .errors import BlockFailedError, InvalidOptionError
+from .errors import BlockFailedError, BlockpredError, InvalidOptionError, output_error
 from .io import VolumePath, open_volume
 from .job import Job, run_job
-from .markers import DoneMarkers
+from .markers import DoneMarkers, markers_path
+from .ownership import OutputLock, check_free, lock_path
 from .memformat import FormatChoice
 from .runplan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
@@ -112,10 +113,13 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     """
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
     cluster = None
-    with contextlib.ExitStack() as stack:
+    lock_at = lock_path(markers_path(target_path))
+    # The lock outlives the cluster: no worker of this run writes once it is released.
+    with contextlib.ExitStack() as owned, contextlib.ExitStack() as stack:
 
         def start_cluster(previous: DoneMarkers | None) -> None:  # once the input and output paths have passed
             nonlocal cluster
+            check_free(lock_at, str(target_path))  # another run on this output: say so now, not after the dry run
             finished = previous is not None and len(previous.todo_ids()) == 0  # a resume with nothing left
             if not cfg.local and not finished:
                 from .cluster import Cluster
@@ -124,7 +128,8 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
 
         with open_volume(source_path) as source:
             p = prepare(cfg, source, source_path, target_path, on_paths_checked=start_cluster)
-            markers = p.previous if p.resumed else create_output(p, source)
+            lock = owned.enter_context(_take_lock(lock_at, str(target_path)))
+            markers = create_output(p, source, owner=lock.token)
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
                   device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
                   skip_empty=cfg.skip_empty)
@@ -228,6 +233,16 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
                              batch_size=job.settings.batch_size)
 
 
+def _take_lock(at, output: str) -> OutputLock:
+    """This run's hold on the output (see :mod:`blockpred.ownership`); one line when it cannot be taken."""
+    try:
+        return OutputLock.acquire(at, output)
+    except BlockpredError:
+        raise
+    except OSError as err:
+        raise output_error(err, f"take the lock ({at}) of the output", output) from None
+
+
 def _absolute(path: VolumePath) -> VolumePath:
     """The path as workers in other directories (or on other machines, over a shared disk) see it."""
     return path.absolute()  # a URL stays as it is
@@ -246,7 +261,7 @@ def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) 
             stats.out_of_memory = backoff.events
             return stats
         except BlockFailedError as err:
-            if attempt == retries:
+            if attempt == retries or err.permanent:  # a full disk or a refused permission fails again: stop now
                 raise
             logger.warning("%d block(s) failed (%s); retrying them (%d of %d)", len(err.failed), err, attempt + 1, retries)
     raise AssertionError("unreachable")

@@ -28,7 +28,10 @@
 * **Chunk safety.** Blocks are whole output chunks (see :mod:`blockpred.blocking`),
   so tasks never share a chunk; an HDF5 output is refused with several workers.
 * **Faults.** A task that raises is retried ``retries`` times; a retried task
-  skips the blocks its worker had already marked done.  A worker process that dies has
+  skips the blocks its worker had already marked done.  A permanent failure (a
+  full disk, a refused permission, a chunk that does not decode: see
+  :attr:`blockpred.errors.BlockFailedError.permanent`) is not retried, and no
+  new task starts after it.  A worker process that dies has
   its tasks rescheduled by dask.  A block that keeps failing fails the run with
   a message naming it, after every other task has finished.
 """
@@ -169,6 +172,10 @@ def _run_task(key: str, block_ids) -> dict:
     stream = state.stream()
     try:
         counts = stream.run(block_ids)
+    except BlockFailedError as err:
+        if not err.permanent:
+            raise  # dask retries the task
+        return {"failure": err}  # a full disk, a refused permission: a retry would only fail again
     finally:
         state.report.flush()
     pipeline, backoff = stream.stream.stats, state.backoff
@@ -305,7 +312,11 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
     feed = TaskFeed(block_ids, job.settings.batch_size)
     running = as_completed()
 
+    stopping = False  # after a permanent failure: no new tasks, the ones in flight finish
+
     def top_up() -> None:
+        if stopping:
+            return
         workers = count()
         while running.count() < TASKS_IN_FLIGHT * max(1, workers):
             ids = feed.take(workers)
@@ -325,6 +336,10 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
             failures.append(error)
         else:
             summary = future.result()
+            if "failure" in summary:
+                failures.append(summary["failure"])
+                stopping = True
+                continue
             feed.observe(summary["num_blocks"], summary["seconds"])
             _add_summary(result, pipelines, summary)
         top_up()

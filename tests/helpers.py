@@ -70,3 +70,32 @@ def write_test_volume(
     ) as volume:
         volume.write(volume.box, data)
     return str(path)
+
+
+def run_blockpred(*args: str, cwd: str | Path | None = None, env: dict | None = None,
+                  timeout: float = 300) -> "subprocess.CompletedProcess[str]":
+    """``python -m blockpred ARGS`` as a real child process (text output); never raises on its exit code."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "blockpred", *map(str, args)], cwd=cwd, env=env or child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_line(stderr: str) -> str:
+    """The one ``blockpred: error:`` line of ``stderr``; fails when there is none, several, or a traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("blockpred: error:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def snapshot(root: str | Path) -> dict:
+    """Every file under ``root`` with its bytes: equal snapshots mean nothing was written, deleted or changed."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                out[os.path.relpath(path, root)] = Path(path).read_bytes()
+    return out

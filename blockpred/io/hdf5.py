@@ -4,7 +4,8 @@ One file, two volumes.  The input and the output may be datasets of the same
 file in the same process (``f.h5:/raw`` in, ``f.h5:/prediction`` out), but
 HDF5 refuses to open a file twice in different modes.  So every
 :class:`HDF5Volume` borrows its ``h5py.File`` from one process-wide registry
-(:data:`OPEN_FILES`), keyed by the file's resolved path.  The first writer
+(:data:`OPEN_FILES`), keyed by the file itself (one key for every name of
+it: symlinks, hard links).  The first writer
 upgrades a read-only handle to mode ``"a"`` (close, reopen); volumes look
 their dataset up on every call, so an upgrade never leaves them a stale
 handle.  The file is closed when its last volume closes.
@@ -28,6 +29,7 @@ Removing a dataset does not shrink the file (HDF5 never reclaims space).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from contextlib import contextmanager
@@ -236,8 +238,18 @@ def create_volume(
         return HDF5Volume(path, "r+")
 
 
+#: (st_dev, st_ino) of each HDF5 file opened in this process -> the name it is opened under.
+_NAMES: dict[tuple[int, int], str] = {}
+
+
 def _key(path: VolumePath) -> str:
-    return str(path.container.resolve())
+    """The registry key of the file: one per file, whichever name (symlink, hard link, mount) reaches it."""
+    name = str(path.container.resolve())
+    try:
+        info = os.stat(name)
+    except OSError:
+        return name
+    return _NAMES.setdefault((info.st_dev, info.st_ino), name)
 
 
 def _remove(handle: h5py.File, path: VolumePath) -> None:

@@ -281,6 +281,33 @@ def write_bytes(url: ObjectUrl, data: bytes) -> None:
         raise storage_error(url, error, writing=True) from error
 
 
+#: The generation of a key that holds no object: a write conditional on it creates, never replaces.
+NO_OBJECT = b"\x02"
+
+
+def read_versioned(url: ObjectUrl) -> tuple[bytes | None, bytes]:
+    """The object at ``url`` (None when there is none) and its generation, for :func:`write_if`."""
+    try:
+        result = bucket_kvstore(url).read(url.key).result()
+    except ValueError as error:
+        raise storage_error(url, error) from error
+    return (bytes(result.value) if result.state == "value" else None), bytes(result.stamp.generation)
+
+
+def write_if(url: ObjectUrl, data: bytes | None, generation: bytes) -> bytes | None:
+    """Write (``data``) or delete (None) the object at ``url`` only if it is still at ``generation``.
+
+    :data:`NO_OBJECT` creates it only if there is none (S3's conditional put).
+    Returns the new generation, or None when the condition failed (someone else
+    wrote or deleted it meanwhile).
+    """
+    try:
+        stamp = bucket_kvstore(url).write(url.key, data, if_equal=generation).result()
+    except ValueError as error:
+        raise storage_error(url, error, writing=True) from error
+    return bytes(stamp.generation) if stamp.generation else None
+
+
 def list_keys(url: ObjectUrl) -> list[str]:
     """The keys below ``url`` (as a prefix ``key/``), relative to it, in no particular order."""
     prefix = url.key + "/" if url.key else ""
