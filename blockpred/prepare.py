@@ -28,21 +28,24 @@ from .blocking import BlockPlan, blocks_per_axis, plan_blocks
 from .config import RunConfig, make_config
 from .defaults import FORMAT_PASSES, Defaults, measuring_budget
 from .errors import (BlockpredError, InvalidOptionError, ModelLoadError, OutputExistsError, is_permanent,
-                     output_error)
+                     os_reason, output_error)
 from .geometry import Coord
 from .io import (
-    identity,
     VolumePath,
     check_input_volume,
     create_volume,
+    identity,
+    move_aside,
+    moved_aside,
     parse_volume_path,
     remove_volume,
     supports_sharding,
     volume_exists,
 )
 from .job import ModelSpec
-from .layout import OutputLayout, block_step, choose_layout
+from .io import stores
 from .io.stores import ObjectUrl
+from .layout import OutputLayout, block_step, choose_layout
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
 from .memformat import REPEATS as FORMAT_REPEATS
@@ -250,6 +253,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     previous = DoneMarkers.open(markers_path(target_path)) if exists else None
     if exists and not cfg.overwrite and previous is None:
         raise OutputExistsError(f"output {str(target_path)!r} exists; pass --overwrite to replace it, or choose another path")
+    if not exists:
+        _check_place_free(target_path)
     roi = cfg.roi if cfg.roi is not None else source.box
     if roi.empty or not source.box.contains(roi):
         raise InvalidOptionError(f"ROI {roi} must be a non-empty box inside the volume {source.box}")
@@ -341,10 +346,7 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
         raise OutputExistsError(f"output {target!r} appeared while this run was starting (made by another run); run "
                                 f"the same command again to resume it, or pass --overwrite to replace it")
     try:
-        if current is not None or exists:
-            DoneMarkers.invalidate(path)  # first: from here nothing vouches for the chunks about to go
-        if exists:
-            remove_volume(p.target_path)
+        _clear(p.target_path, path, exists)
     except BlockpredError:
         raise
     except OSError as err:
@@ -373,6 +375,35 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
     return dataclasses.replace(markers, owner=owner)
 
 
+def _clear(target: VolumePath, markers: Path | ObjectUrl, exists: bool) -> None:
+    """The old output and its markers gone, in an order no interruption turns into a wrong resume.
+
+    A local directory volume is first moved aside in one rename (nothing is
+    left at the path; a failed rename changes nothing), then its markers are
+    invalidated, then it is deleted.  Anything else (an HDF5 dataset, an
+    object store) has its markers invalidated first and is deleted in place.
+    What an earlier, interrupted deletion left aside is deleted too: this run
+    holds the output's lock, so nobody else is using it.
+    """
+    try:
+        aside = move_aside(target) if exists else None
+    except NotImplementedError:
+        DoneMarkers.invalidate(markers)  # first: from here nothing vouches for the chunks about to go
+        remove_volume(target)
+        return
+    DoneMarkers.invalidate(markers)
+    for old in moved_aside(target):
+        try:
+            stores.remove_tree(old)
+        except OSError as err:
+            reason, _ = os_reason(err)
+            logger.warning("the old output %s was moved to %s but could not be deleted (%s); delete it by hand",
+                           target, old, reason)
+        else:
+            if old != aside:
+                logger.warning("deleted %s, left by an earlier deletion of %s that was cut short", old, target)
+
+
 def _undo_create(target: VolumePath, markers: Path | ObjectUrl) -> None:
     """Remove what a failed :func:`create_output` made (markers first); what cannot go stays, unvouched for."""
     for undo in (lambda: DoneMarkers.invalidate(markers), lambda: remove_volume(target)):
@@ -380,6 +411,18 @@ def _undo_create(target: VolumePath, markers: Path | ObjectUrl) -> None:
             undo()
         except Exception as err:  # noqa: BLE001 - the creation's own error is the one to report
             logger.debug("could not undo a failed output creation: %s", err)
+
+
+def _check_place_free(target: VolumePath) -> None:
+    """Nothing but a volume of ours is ever written over: files at the output's place that are no volume stay."""
+    if target.is_remote or target.format == "hdf5":
+        return  # an HDF5 dataset name holds a dataset or nothing here; object stores are checked by their backend
+    node = identity.data_node(target)
+    if node.is_file() or (node.is_dir() and any(node.iterdir())):
+        raise OutputExistsError(
+            f"output {str(target)!r} holds files that are not a volume blockpred can open ({node}); choose another "
+            f"output, or move them away (--overwrite replaces volumes only)"
+        )
 
 
 def _check_pyramid(cfg: RunConfig, source, target_path: VolumePath) -> None:

@@ -13,6 +13,8 @@ tensorstore.
 from __future__ import annotations
 
 import importlib
+import os
+import uuid
 from pathlib import Path
 from types import ModuleType
 
@@ -35,6 +37,8 @@ __all__ = [
     "Volume",
     "VolumePath",
     "check_input_volume",
+    "move_aside",
+    "moved_aside",
     "create_volume",
     "open_volume",
     "parse_volume_path",
@@ -155,6 +159,45 @@ def remove_volume(path: str | Path | VolumePath) -> None:
     """
     vpath = _as_path(path)
     _backend(vpath).remove_volume(vpath)
+
+
+#: What a volume moved aside for deletion is named: ``.NAME.deleting-TOKEN`` beside it.
+_ASIDE = ".{name}.deleting-{token}"
+
+
+def move_aside(path: str | Path | VolumePath) -> Path | None:
+    """Take the volume at ``path`` out of its place in one rename, to be deleted there; None if none is there.
+
+    A local zarr, N5 or precomputed volume is one directory: renamed to
+    ``.NAME.deleting-TOKEN`` beside it, it leaves its place at once, whole,
+    and a deletion cut short (a kill, a refused permission) leaves nothing at
+    the path.  Raises :class:`NotImplementedError` for what has no directory
+    of its own (an HDF5 dataset, an object store): remove those in place.
+    The same refusals as :func:`remove_volume` apply (a group of datasets, a scale).
+    """
+    vpath = _as_path(path)
+    if vpath.is_remote or vpath.format == "hdf5":
+        raise NotImplementedError(f"{vpath} cannot be moved aside; remove it in place")
+    if not _backend(vpath).check_removable(vpath):
+        return None
+    from .identity import data_node
+
+    node = data_node(vpath)
+    aside = node.with_name(_ASIDE.format(name=node.name, token=uuid.uuid4().hex[:12]))
+    os.rename(node, aside)
+    return aside
+
+
+def moved_aside(path: str | Path | VolumePath) -> list[Path]:
+    """What earlier deletions of the volume at ``path`` moved aside and did not finish deleting."""
+    vpath = _as_path(path)
+    if vpath.is_remote or vpath.format == "hdf5":
+        return []
+    from .identity import data_node
+
+    node = data_node(vpath)
+    pattern = _ASIDE.format(name=node.name, token="*")
+    return sorted(node.parent.glob(pattern)) if node.parent.is_dir() else []
 
 
 def _as_path(path: str | Path | VolumePath) -> VolumePath:

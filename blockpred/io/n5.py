@@ -95,23 +95,27 @@ def volume_exists(path: VolumePath) -> bool:
     return _is_dataset(_directory(path))
 
 
-def remove_volume(path: VolumePath) -> None:
-    """Remove the dataset at ``path`` (its directory); nothing when none is there.
-
-    Refuses a group, since that would remove several datasets.
-    """
+def check_removable(path: VolumePath) -> bool:
+    """True when ``path`` holds a dataset :func:`remove_volume` would remove; a group is refused."""
     directory = _directory(path)
     if path.is_remote:
         if _read_attributes(directory) is None:
-            return
+            return False
     elif not directory.exists():
-        return
+        return False
     if not _is_dataset(directory):
         raise InvalidOptionError(
             f"{str(path)!r} is an N5 group, not a dataset; blockpred removes one dataset at a time, "
             f"name one of: {_list_datasets(directory)}"
         )
-    stores.remove_tree(directory)  # on a store: the dataset's objects only (keys below "vol.n5/dataset/")
+    return True
+
+
+def remove_volume(path: VolumePath) -> None:
+    """Remove the dataset at ``path`` (its directory); nothing when none is there (see :func:`check_removable`)."""
+    if not check_removable(path):
+        return
+    stores.remove_tree(_directory(path))  # on a store: the dataset's objects only (keys below "vol.n5/dataset/")
     log.info("removed N5 dataset %s", path)
 
 

@@ -116,17 +116,19 @@ def volume_exists(path: VolumePath) -> bool:
     return True
 
 
-def remove_volume(path: VolumePath) -> None:
-    """Remove the precomputed volume at ``path`` (its directory, all scales); nothing when none is there.
-
-    Refuses a path naming one scale: blockpred removes whole volumes only.
-    """
+def check_removable(path: VolumePath) -> bool:
+    """True when ``path`` is a precomputed volume :func:`remove_volume` would remove; one scale is refused."""
     if path.dataset:
         raise InvalidOptionError(
             f"{str(path)!r} names scale {path.dataset!r} of a precomputed volume; blockpred removes whole "
             f"volumes only, drop '#scale={path.dataset}'"
         )
-    if _read_info(path, strict=False) is None:
+    return _read_info(path, strict=False) is not None
+
+
+def remove_volume(path: VolumePath) -> None:
+    """Remove the precomputed volume at ``path`` (its directory, all scales); nothing when none is there."""
+    if not check_removable(path):
         return
     stores.remove_tree(path.container)  # on a store: the volume's objects only (keys below "em/")
     log.info("removed precomputed volume %s", path)

@@ -134,28 +134,35 @@ def volume_exists(path: VolumePath) -> bool:
     return node is not None and (isinstance(node, zarr.Array) or _is_image(node))
 
 
-def remove_volume(path: VolumePath) -> None:
-    """Remove the array or OME-NGFF image group at ``path``; nothing else.
+def check_removable(path: VolumePath) -> bool:
+    """True when ``path`` holds an array or OME-NGFF image that :func:`remove_volume` would remove.
 
-    Does nothing when nothing is there.  Refuses a plain group that holds
-    arrays, since that would remove several datasets.
+    False when nothing is there; a plain group holding arrays is refused,
+    since removing it would remove several datasets.
     """
     if _no_container(path):
-        return
+        return False
     store = _store(path)
     node = _node(store, path.dataset)
     if node is None:
-        return
+        return False
     if isinstance(node, zarr.Group) and not _is_image(node) and any(True for _ in node.members()):
         raise InvalidOptionError(
             f"{str(path)!r} is a zarr group holding {_list_volumes(store, path.dataset)}; "
             f"blockpred removes one array or OME-NGFF image at a time, name one of them"
         )
+    return True
+
+
+def remove_volume(path: VolumePath) -> None:
+    """Remove the array or OME-NGFF image group at ``path``; nothing else (see :func:`check_removable`)."""
+    if not check_removable(path):
+        return
     if not path.dataset:
         stores.remove_tree(path.container)  # on a store: the container's objects only (keys below "vol.zarr/")
     else:
         parent, _, name = path.dataset.rpartition("/")
-        del zarr.open_group(store, path=parent, mode="r+")[name]
+        del zarr.open_group(_store(path), path=parent, mode="r+")[name]
     log.info("removed zarr volume %s", path)
 
 

@@ -1,0 +1,136 @@
+"""An ``--overwrite`` cut short never leaves markers that vouch for deleted chunks.
+
+The old output's chunks used to go before its done-markers: a kill -9 or a
+refused permission part-way through the deletion, then the same command
+without ``--overwrite``, said "0 blocks (N already done)" over chunks read as
+zeros.  Now the markers are invalidated first, so what is left is an output
+without markers: refused without ``--overwrite``, replaced with it.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blockpred.io import open_volume, parse_volume_path
+from blockpred.markers import markers_path
+from tests.helpers import child_env, error_line, run_blockpred, snapshot, write_test_volume
+
+PINNED = ("--device", "cpu", "--no-progress", "--block", "16", "--halo", "4", "--batch-size", "1",
+          "--memory-format", "contiguous")
+
+
+def _read(path: str) -> np.ndarray:
+    with open_volume(path) as volume:
+        return volume.read(volume.box)
+
+
+def _source(tmp_path) -> str:
+    data = np.random.default_rng(0).integers(0, 255, (32, 32, 64), dtype=np.uint8)
+    return write_test_volume(str(tmp_path / "in.zarr/raw"), data, chunks=(16, 16, 16))
+
+
+@pytest.fixture
+def immutable():
+    """``chattr +i`` on directories (even root cannot delete their entries), undone after the test."""
+    marked: list[Path] = []
+
+    def mark(path: Path) -> None:
+        result = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"chattr +i is not available here: {result.stderr.strip()}")
+        marked.append(path)
+
+    yield mark
+    for path in marked:
+        if path.exists():
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "n5"])
+def test_an_overwrite_that_cannot_move_the_old_output_changes_nothing(tmp_path, fmt, immutable):
+    source = _source(tmp_path)
+    out = f"{tmp_path}/out.{fmt}/pred"
+    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    expected, before = _read(out), snapshot(tmp_path)
+    immutable(tmp_path / f"out.{fmt}")  # the container: its dataset cannot be renamed or deleted
+    first = run_blockpred("run", source, out, "--overwrite", "--output-dtype", "uint8", *PINNED)
+    assert first.returncode == 2
+    assert "cannot delete the old output" in error_line(first.stderr)
+    assert snapshot(tmp_path) == before, "a refused overwrite changed the output or its markers"
+    again = run_blockpred("run", source, out, *PINNED)  # the first command again: nothing lost, nothing to do
+    assert again.returncode == 0 and "(16 already done)" in again.stdout
+    np.testing.assert_array_equal(_read(out), expected)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "n5"])
+def test_an_old_output_that_cannot_be_deleted_is_moved_aside_and_replaced(tmp_path, fmt, immutable):
+    source = _source(tmp_path)
+    out = f"{tmp_path}/out.{fmt}/pred"
+    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    stuck = {"zarr": "out.zarr/pred/0", "n5": "out.n5/pred/0"}[fmt]  # entries of this one cannot go
+    immutable(tmp_path / stuck)
+    replaced = run_blockpred("run", source, out, "--overwrite", "--output-dtype", "uint8", *PINNED)
+    assert replaced.returncode == 0, replaced.stderr
+    assert "could not be deleted" in replaced.stderr and "Traceback" not in replaced.stderr
+    assert _read(out).dtype == np.uint8
+    (aside,) = list(tmp_path.glob(f"out.{fmt}/.pred.deleting-*"))
+    subprocess.run(["chattr", "-i", str(aside / stuck.split("/pred", 1)[1].lstrip("/"))], check=True)
+    again = run_blockpred("run", source, out, "--overwrite", *PINNED)
+    assert again.returncode == 0 and "left by an earlier deletion" in again.stderr
+    assert not list(tmp_path.glob(f"out.{fmt}/.pred.deleting-*"))
+
+
+def test_an_hdf5_output_that_cannot_be_deleted_is_one_line_and_keeps_no_markers(tmp_path, immutable):
+    source, out = _source(tmp_path), f"{tmp_path}/out.h5:/pred"
+    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    immutable(tmp_path / "out.h5")
+    first = run_blockpred("run", source, out, "--overwrite", *PINNED)
+    assert first.returncode == 2 and "out.h5" in error_line(first.stderr)
+    subprocess.run(["chattr", "-i", str(tmp_path / "out.h5")], check=True)
+    again = run_blockpred("run", source, out, *PINNED)
+    assert again.returncode == 2 and "exists; pass --overwrite" in error_line(again.stderr)
+
+
+def test_a_kill_during_the_deletion_of_an_old_output_is_never_resumed_as_finished(tmp_path):
+    source = _source(tmp_path)
+    out = f"{tmp_path}/out.zarr/pred"
+    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    expected = _read(out)
+    # Many files in one chunk folder make the deletion long enough to kill in the middle of it.
+    crowded = tmp_path / "out.zarr/pred/0/c/0"
+    for i in range(30000):
+        (crowded / f"x{i}").touch()
+    total = len(os.listdir(crowded))
+
+    def left() -> int:
+        """Files left in the crowded folder, in its place or moved aside with the old output."""
+        places = [crowded, *tmp_path.glob("out.zarr/.pred.deleting-*/0/c/0")]
+        return max((len(os.listdir(p)) for p in places if p.exists()), default=0)
+
+    run = subprocess.Popen([sys.executable, "-m", "blockpred", "run", source, out, "--overwrite", *PINNED],
+                           env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        remaining = left()
+        if remaining < total:
+            os.killpg(run.pid, signal.SIGKILL)
+            break
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline, "the old output was not deleted within 120 s"
+    run.wait(timeout=30)
+    assert remaining > 0, "killed only after the deletion: nothing was cut short"
+    again = run_blockpred("run", source, out, *PINNED)
+    if again.returncode == 0:  # the old output was gone as a volume: a fresh run over all of it
+        assert "already done" not in again.stdout
+    else:
+        assert again.returncode == 2 and "exists; pass --overwrite" in error_line(again.stderr)
+        assert run_blockpred("run", source, out, "--overwrite", *PINNED).returncode == 0
+    np.testing.assert_array_equal(_read(out), expected)
+    assert markers_path(parse_volume_path(out)).exists()
+    assert not list(tmp_path.glob("out.zarr/.pred.deleting-*")), "what the killed run moved aside was left behind"
