@@ -32,6 +32,12 @@ class OutputAccessError(BlockpredError, OSError):
     """The output (or its markers) cannot be created, written or deleted: permissions, a full disk."""
 
 
+class RunFailedError(BlockpredError):
+    """A step after the blocks failed (the pyramid, say): what was done is kept; the message says how to go on."""
+
+    exit_code = 1
+
+
 class InvalidVolumeError(BlockpredError, ValueError):
     """A volume has the wrong number of axes, an unsupported dtype or format."""
 
@@ -93,8 +99,8 @@ def _rebuild_block_failed(block_index, message, failed, permanent=False):
 #: errno values of faults a retry does not cure: no space, no quota, no permission, a read-only file system.
 PERMANENT_ERRNOS = frozenset({28, 122, 13, 1, 30})  # ENOSPC, EDQUOT, EACCES, EPERM, EROFS
 #: The same, as the text of errors that carry no errno (tensorstore's), and chunks that do not decode.
-_PERMANENT_TEXTS = ("No space left on device", "Disk quota exceeded", "Permission denied", "Operation not permitted",
-                    "Read-only file system", "DATA_LOSS", "Error decoding", "error decoding")
+_PERMANENT_TEXTS = ("no space left on device", "disk quota exceeded", "permission denied", "operation not permitted",
+                    "read-only file system", "data_loss", "error decoding", "decompress", "corrupt")
 
 
 def is_permanent(error: BaseException | None) -> bool:
@@ -105,7 +111,8 @@ def is_permanent(error: BaseException | None) -> bool:
             return True
         if isinstance(error, OSError) and error.errno in PERMANENT_ERRNOS:
             return True
-        if any(text in str(error) for text in _PERMANENT_TEXTS):
+        text = str(error).lower()
+        if any(words in text for words in _PERMANENT_TEXTS):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False

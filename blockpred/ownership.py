@@ -144,17 +144,21 @@ class _LocalLock:
     def create(self, holder: Holder) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         draft = self.path.with_name(f"{self.path.name}.{holder.token}")
-        with open(draft, "wb") as file:
-            file.write(holder.to_bytes())
-            file.flush()
-            os.fsync(file.fileno())
         try:
+            with open(draft, "wb") as file:
+                file.write(holder.to_bytes())
+                file.flush()
+                os.fsync(file.fileno())
             os.link(draft, self.path)
             return True
         except FileExistsError:
             return False
+        except OSError:
+            draft.unlink(missing_ok=True)
+            _remove_empty_parent(self.path)  # a lock that could not be written leaves nothing behind
+            raise
         finally:
-            draft.unlink()
+            draft.unlink(missing_ok=True)
 
     def read(self) -> tuple[Holder | None, float] | None:
         """The holder (None if unreadable) and the lock's age, or None when there is no lock."""

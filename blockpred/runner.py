@@ -22,7 +22,8 @@ from .autosize import SizeChoice
 from .blocking import Block, BlockPlan
 from .config import RunConfig
 from .defaults import Defaults
-from .errors import BlockFailedError, BlockpredError, InvalidOptionError, output_error
+from .errors import (BlockFailedError, BlockpredError, InvalidOptionError, RunFailedError, is_permanent,
+                     os_reason, output_error)
 from .io import VolumePath, open_volume
 from .job import Job, run_job
 from .markers import DoneMarkers, markers_path
@@ -195,9 +196,20 @@ def _pyramid(cfg: RunConfig, target_path: VolumePath, summary: PredictionSummary
     from .pyramid import build_pyramid
 
     # In this process the client is idle by now: its cores (up to 8; a few write units each) make the levels.
-    return build_pyramid(target_path, cfg.pyramid, cfg.pyramid_method, threads=max(2, min(8, os.cpu_count() or 2)),
-                         recompute=summary.stats.num_blocks > 0,
-                         client=cluster.client() if cluster is not None else None)
+    try:
+        return build_pyramid(target_path, cfg.pyramid, cfg.pyramid_method,
+                             threads=max(2, min(8, os.cpu_count() or 2)), recompute=summary.stats.num_blocks > 0,
+                             client=cluster.client() if cluster is not None else None)
+    except BlockpredError:
+        raise
+    except Exception as err:
+        if not (isinstance(err, OSError) or is_permanent(err)):
+            raise
+        reason, _ = os_reason(err)
+        raise RunFailedError(
+            f"writing the pyramid below {str(target_path)!r} failed: {reason}; the prediction is complete and kept "
+            f"(the levels are not named in its metadata): fix that, then run the same command again to write them"
+        ) from err
 
 
 def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
