@@ -330,7 +330,7 @@ def _one_line(err: BaseException) -> str:
         return str(err)
     if isinstance(err, BlockFailedError):
         cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
-        return f"{err}{cause}"
+        return f"{err}{cause}; every other block is kept: run the same command again to compute only what is missing"
     if isinstance(err, OwnershipLostError):
         return str(err)
     if isinstance(err, OSError):

@@ -100,7 +100,9 @@ def _rebuild_block_failed(block_index, message, failed, permanent=False):
 PERMANENT_ERRNOS = frozenset({28, 122, 13, 1, 30})  # ENOSPC, EDQUOT, EACCES, EPERM, EROFS
 #: The same, as the text of errors that carry no errno (tensorstore's), and chunks that do not decode.
 _PERMANENT_TEXTS = ("no space left on device", "disk quota exceeded", "permission denied", "operation not permitted",
-                    "read-only file system", "data_loss", "error decoding", "decompress", "corrupt")
+                    "read-only file system", "data_loss", "error decoding", "decompress", "corrupt",
+                    # an object store that did not answer any of a request's retries (about a minute of them)
+                    "retry attempts failed", "cannot reach the object store")
 
 
 def is_permanent(error: BaseException | None) -> bool:

@@ -86,14 +86,19 @@ def run_job(job: Job, blocks: Iterable[Block], predictor: Predictor,
     markers = job.markers
     source = open_volume(job.source)
     sink = open_volume(job.target, mode="r+")
+    failing = True
     try:
         pipeline = _pipeline(job, source, sink, predictor, backoff)
-        return pipeline(_unmarked(job, blocks), on_block_done=_marking(markers, on_block_done),
-                        on_block_skipped=markers.mark_skipped)
+        stats = pipeline(_unmarked(job, blocks), on_block_done=_marking(markers, on_block_done),
+                         on_block_skipped=markers.mark_skipped)
+        failing = False
+        return stats
     finally:
         source.close()
         sink.close()
-        markers.flush()  # on an object store: this job's buffered marks, written before the job reports back
+        # On an object store: this job's buffered marks, written before the job reports back (a failing job's
+        # own error is the one to report).
+        markers.flush(quiet=failing)
 
 
 class JobStream:
@@ -117,10 +122,13 @@ class JobStream:
 
     def run(self, block_ids: Iterable[int]) -> RunStats:
         """Run the blocks ``block_ids``; their counts, or :class:`BlockFailedError` once all are through."""
+        failing = True
         try:
-            return self.stream.run(_unmarked(self.job, self.job.blocks(block_ids)))
+            counts = self.stream.run(_unmarked(self.job, self.job.blocks(block_ids)))
+            failing = False
+            return counts
         finally:
-            self.job.markers.flush()  # on an object store: written before the task reports back
+            self.job.markers.flush(quiet=failing)  # on an object store: written before the task reports back
 
     def close(self, *, cancel: bool = False) -> None:
         """Stop the pipeline (``cancel``: after the blocks already in it) and close the volumes."""

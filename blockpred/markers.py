@@ -53,6 +53,7 @@ import numpy as np
 import zarr
 
 from .blocking import Block, BlockPlan
+from .errors import RunFailedError
 from .geometry import Coord
 from .io import stores
 from .io.base import VolumePath
@@ -246,13 +247,26 @@ class DoneMarkers:
         """Record that ``block`` needs no network (its input is empty)."""
         self._mark("skipped", block)
 
-    def flush(self) -> None:
-        """Write this process's buffered marks (object stores; local marks are written as they come)."""
-        if self.remote:
-            for name in ("done", "skipped"):
-                buffer = _BUFFERS.get((str(self.path), self.token, name, os.getpid()))
-                if buffer is not None:
-                    buffer.flush(raise_errors=True)
+    def flush(self, *, quiet: bool = False) -> None:
+        """Write this process's buffered marks (object stores; local marks are written as they come).
+
+        A failure raises :class:`RunFailedError` (the blocks are written, their marks are not: the next run
+        computes them again), or with ``quiet`` (a run already failing) is one warning line.
+        """
+        if not self.remote:
+            return
+        for name in ("done", "skipped"):
+            buffer = _BUFFERS.get((str(self.path), self.token, name, os.getpid()))
+            if buffer is None:
+                continue
+            try:
+                buffer.flush(raise_errors=True)
+            except Exception as err:  # noqa: BLE001 - said in one line
+                text = f"the marks of {len(buffer.ids)} finished block(s) could not be written to {self.path / name} " \
+                       f"({str(err).split(chr(10), 1)[0]}); the next run computes those blocks again"
+                if not quiet:
+                    raise RunFailedError(text) from err
+                log.warning("%s", text)
 
     def marked_here(self, block: Block) -> bool:
         """True when this process marked ``block`` (a retried task skips what it finished)."""
@@ -375,13 +389,14 @@ class _MarkBuffer:
             try:
                 stores.write_bytes(self.directory / f"{self.name}-{seq:08d}{_LOG_SUFFIX}",
                                    np.asarray(ids, dtype=_RECORD).tobytes())
-            except Exception:
+            except Exception as err:
                 with self.lock:
                     self.ids[:0] = ids  # kept for the next flush
                 if raise_errors:
                     raise
-                log.warning("writing %d done marks to %s failed; kept for the next flush", len(ids),
-                            self.directory, exc_info=True)
+                log.warning("writing %d done marks to %s failed (%s); kept for the next flush (blocks whose marks are "
+                            "never written are computed again by the next run)", len(ids), self.directory,
+                            str(err).split("\n", 1)[0])
 
 
 _BUFFERS: dict[tuple[str, str, str, int], _MarkBuffer] = {}

@@ -311,6 +311,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                 f"pass --overwrite to start again, or choose another output"
             )
     masked = ~mask.coverage(plan) if mask is not None and not resumed else None
+    _check_inodes(target_path, plan, layout.output, previous.finished() if resumed else masked)
     format_choice = layout.format_choice
     if format_choice is None and measure and (cfg.memory_format == "auto" or (
             cfg.memory_format is None and cfg.compile == "off" and layout.defaults is None)):
@@ -422,6 +423,30 @@ def _check_place_free(target: VolumePath) -> None:
         raise OutputExistsError(
             f"output {str(target)!r} holds files that are not a volume blockpred can open ({node}); choose another "
             f"output, or move them away (--overwrite replaces volumes only)"
+        )
+
+
+def _check_inodes(target: VolumePath, plan: BlockPlan, output: OutputLayout, finished: np.ndarray | None) -> None:
+    """A local output needs a file per chunk (or shard) still to write: refuse one the file system cannot hold.
+
+    Counted in bulk over the block grid; a file system that reports no inode
+    limit (``f_files`` 0, as btrfs does) is not checked.
+    """
+    if target.is_remote or target.format == "hdf5":
+        return
+    from .runplan import count_work
+
+    todo = ~finished if finished is not None else np.ones(tuple(plan.grid_shape), dtype=bool)
+    _, files = count_work(plan, todo, output.write_unit)
+    place = identity.resolved(identity.data_node(target))
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    info = os.statvfs(place)
+    if info.f_files > 0 and files > info.f_favail:
+        raise InvalidOptionError(
+            f"output {str(target)!r} needs {files:,} files (one per {'shard' if output.shards else 'chunk'}) but the "
+            f"file system of {place} has {info.f_favail:,} free inodes; write fewer, larger files (--shards block for "
+            f"a zarr v3 output, or larger --output-chunks), or choose another file system"
         )
 
 

@@ -143,3 +143,23 @@ def test_an_input_chunk_that_does_not_decode_fails_its_blocks_at_once(tmp_path):
     assert result.returncode == 1
     error_line(result.stderr)
     assert "retrying" not in result.stderr, "a chunk that does not decode was read again"
+
+
+def test_an_output_with_more_files_than_free_inodes_is_refused_by_plan_and_run(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(disk)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        source = _source(tmp_path)
+        for command in ("plan", "run"):  # 1,024 chunk files of 4^3
+            refused = run_blockpred(command, source, disk / "out.zarr", "--output-chunks", "4", *PINNED)
+            assert refused.returncode == 2
+            assert "free inodes" in error_line(refused.stderr) and "--shards block" in refused.stderr
+        assert _leftovers(disk) == []
+        sharded = run_blockpred("run", source, disk / "out.zarr", "--output-chunks", "4", "--shards", "block", *PINNED)
+        assert sharded.returncode == 0, sharded.stderr  # 16 shard files
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping
@@ -202,7 +203,7 @@ def kvstore_spec(url: ObjectUrl, key: str = "") -> dict:
 def _s3_access(options: StorageOptions) -> dict:
     """Endpoint, region, credentials and retries of an s3 spec (see the module docstring)."""
     env = os.environ
-    access: dict[str, Any] = {"aws_credentials": aws_credentials(options), "s3_request_retries": dict(_S3_RETRIES)}
+    access: dict[str, Any] = {"aws_credentials": aws_credentials(options), "s3_request_retries": _retries()}
     endpoint = options.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         access["endpoint"] = endpoint.rstrip("/")
@@ -212,6 +213,17 @@ def _s3_access(options: StorageOptions) -> dict:
     elif endpoint:
         access["aws_region"] = "us-east-1"  # an S3-compatible server signs with some region; this is the usual one
     return access
+
+
+def _retries() -> dict:
+    """Retries of a failed S3 request: :data:`_S3_RETRIES`, or ``BLOCKPRED_S3_RETRIES`` of them (0 and up)."""
+    retries = dict(_S3_RETRIES)
+    text = os.environ.get("BLOCKPRED_S3_RETRIES", "").strip()
+    if text:
+        if not text.isdigit():
+            raise InvalidOptionError(f"BLOCKPRED_S3_RETRIES must be a number of retries (0 or more), got {text!r}")
+        retries["max_retries"] = int(text)
+    return retries
 
 
 def aws_credentials(options: StorageOptions) -> dict:
@@ -267,6 +279,7 @@ def _successor(prefix: bytes) -> bytes:
 
 def read_bytes(url: ObjectUrl) -> bytes | None:
     """The object at ``url``, or None when there is none."""
+    check_reachable(url)
     try:
         result = bucket_kvstore(url).read(url.key).result()
     except ValueError as error:
@@ -275,6 +288,7 @@ def read_bytes(url: ObjectUrl) -> bytes | None:
 
 
 def write_bytes(url: ObjectUrl, data: bytes) -> None:
+    check_reachable(url)
     try:
         bucket_kvstore(url).write(url.key, data).result()
     except ValueError as error:
@@ -287,6 +301,7 @@ NO_OBJECT = b"\x02"
 
 def read_versioned(url: ObjectUrl) -> tuple[bytes | None, bytes]:
     """The object at ``url`` (None when there is none) and its generation, for :func:`write_if`."""
+    check_reachable(url)
     try:
         result = bucket_kvstore(url).read(url.key).result()
     except ValueError as error:
@@ -301,6 +316,7 @@ def write_if(url: ObjectUrl, data: bytes | None, generation: bytes) -> bytes | N
     Returns the new generation, or None when the condition failed (someone else
     wrote or deleted it meanwhile).
     """
+    check_reachable(url)
     try:
         stamp = bucket_kvstore(url).write(url.key, data, if_equal=generation).result()
     except ValueError as error:
@@ -310,6 +326,7 @@ def write_if(url: ObjectUrl, data: bytes | None, generation: bytes) -> bytes | N
 
 def list_keys(url: ObjectUrl) -> list[str]:
     """The keys below ``url`` (as a prefix ``key/``), relative to it, in no particular order."""
+    check_reachable(url)
     prefix = url.key + "/" if url.key else ""
     try:
         keys = bucket_kvstore(url).list(_key_range(prefix), strip_prefix_length=len(prefix.encode())).result()
@@ -322,6 +339,7 @@ def delete_prefix(url: ObjectUrl) -> None:
     """Delete every object below ``url`` (``key/...``) and the object ``key`` itself; nothing else."""
     if not url.key:
         raise ValueError(f"refusing to delete the whole bucket {url}")
+    check_reachable(url)
     try:
         kv = bucket_kvstore(url)
         kv.delete_range(_key_range(url.key + "/")).result()
@@ -349,9 +367,39 @@ def bucket_exists(url: ObjectUrl) -> bool:
     return True
 
 
+#: After a request to an object store failed for want of a connection (every retry of it, about a minute),
+#: requests to that store fail at once for this many seconds: a run whose store went away ends in about a
+#: minute, not a minute per marker object, lock refresh and flush.
+UNREACHABLE_S = 60.0
+_UNREACHABLE: dict[tuple, float] = {}
+
+
+def _endpoint_key(url: ObjectUrl) -> tuple:
+    return (url.scheme, _s3_access(url.options).get("endpoint") if url.scheme == "s3" else None)
+
+
+def check_reachable(url: ObjectUrl) -> None:
+    """Raise :class:`StorageAccessError` at once while ``url``'s store was found unreachable a moment ago."""
+    since = _UNREACHABLE.get(_endpoint_key(url))
+    if since is not None:
+        ago = time.monotonic() - since
+        if ago < UNREACHABLE_S:
+            raise StorageAccessError(f"cannot reach the object store of {str(url)!r} ({_endpoint_text(url)}): it did "
+                                     f"not answer {ago:.0f} s ago, after every retry; not asked again yet")
+        _UNREACHABLE.pop(_endpoint_key(url), None)
+
+
+def note_failure(url: ObjectUrl, error: BaseException) -> None:
+    """A request to ``url``'s store failed with ``error``: a store that could not be reached is not asked for a while."""
+    text = str(error)
+    if "CURL error" in text or "Could not connect" in text:
+        _UNREACHABLE[_endpoint_key(url)] = time.monotonic()
+
+
 def storage_error(url: ObjectUrl, error: Exception, *, writing: bool = False) -> Exception:
     """A one-line :class:`BlockpredError` for what tensorstore reported about ``url``."""
     text = str(error)
+    note_failure(url, error)
     first = text.split(" [", 1)[0].split("\n", 1)[0]
     if "NoSuchBucket" in text:
         return InputNotFoundError(f"bucket {url.bucket!r} of {str(url)!r} does not exist; check the URL and the "
@@ -431,6 +479,7 @@ def _store_class():
             return f"KvZarrStore({str(self.url)!r})"
 
         async def _call(self, future, key: str, writing: bool = False):
+            check_reachable(self.url)
             try:
                 return await future
             except ValueError as error:

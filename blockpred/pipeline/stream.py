@@ -232,7 +232,7 @@ class BlockStream:
                 ticket.counts.num_skipped += 1
             else:
                 ticket.failures.append(error)
-                if len(ticket.failures) >= self._max_failures and not ticket.exhausted:
+                if (len(ticket.failures) >= self._max_failures or error.permanent) and not ticket.exhausted:
                     ticket.blocks = iter(())  # withdrawn: handed out no further
             if ticket.exhausted and ticket.outstanding == 0:
                 self._finish(ticket)

@@ -162,8 +162,9 @@ def run_blocks(
             failures.append(error)
 
     def too_many_failures() -> bool:
+        """Stop after ``max_failures`` failures, or at the first that a retry would only repeat (a full disk)."""
         with failures_lock:
-            return len(failures) >= settings.max_failures
+            return len(failures) >= settings.max_failures or any(f.permanent for f in failures)
 
     writer = BlockWriter(sink, num_threads=settings.num_writers, max_pending=2 * settings.num_writers,
                          on_written=written, on_failed=failed)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..blocking import Block
 from ..errors import BlockFailedError
+from ..io import stores
 from ..io.base import Volume
 
 
@@ -49,10 +50,18 @@ class BlockWriter:
             max_pending = max(max_pending, threads)
         self._slots = threading.BoundedSemaphore(max_pending)
         self._max_pending = max_pending
+        #: An object store: a write is not even started while the store was found unreachable a moment ago.
+        self._store = sink.path.container if getattr(sink.path, "is_remote", False) else None
 
     def submit(self, block: Block, data: np.ndarray, release: Callable[[], None] | None = None) -> None:
         self._slots.acquire()
         start = time.perf_counter()
+        if self._store is not None:
+            try:
+                stores.check_reachable(self._store)
+            except Exception as err:  # noqa: BLE001 - fails this block at once, not after a minute of retries
+                self._finish(block, start, release, err)
+                return
         if self._pool is not None:
             self._pool.submit(self._write_now, block, data, start, release)
             return
@@ -77,6 +86,8 @@ class BlockWriter:
                 if self._on_written is not None:
                     self._on_written(block, time.perf_counter() - start)
             elif self._on_failed is not None:
+                if self._store is not None:
+                    stores.note_failure(self._store, error)
                 failure = BlockFailedError(block.index, f"writing {block} failed: {error}")
                 failure.__cause__ = error
                 self._on_failed(block, failure)
