@@ -104,10 +104,16 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
 
 
 def _check_apart(source: VolumePath, target: VolumePath, role: str) -> None:
-    """The output neither is, nor holds, nor lies inside ``source`` (one HDF5 file may hold both, apart)."""
-    if source.format == target.format == "hdf5" and identity.same_file(source.container, target.container):
-        inside = target.dataset == source.dataset or target.dataset.startswith(source.dataset + "/")
-        holds = source.dataset.startswith(target.dataset + "/")
+    """The output neither is, nor holds, nor lies inside ``source`` (one HDF5 file may hold both, apart).
+
+    Datasets of one HDF5 file, or scales of one precomputed volume, are told apart by name; anything else by
+    the place on disk its data is in.
+    """
+    if (source.format == target.format and source.format in ("hdf5", "precomputed")
+            and identity.same_file(source.container, target.container)):  # datasets (scales) inside one file
+        inside = not source.dataset or target.dataset == source.dataset or target.dataset.startswith(
+            source.dataset + "/")
+        holds = not inside and (not target.dataset or source.dataset.startswith(target.dataset + "/"))
     else:
         source_node, target_node = identity.data_node(source), identity.data_node(target)
         inside = identity.within(target_node, source_node)

@@ -14,12 +14,25 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Never the user's cache (~/.cache/blockpred or their own $BLOCKPRED_CACHE_DIR), from the first import on: fixtures
+# of a module or the session run before any test's own cache is set, and child processes inherit this.
+_SESSION_CACHE = tempfile.mkdtemp(prefix="blockpred-test-cache-")
+os.environ["BLOCKPRED_CACHE_DIR"] = _SESSION_CACHE
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
 def _private_size_cache(tmp_path, monkeypatch):
-    """``--block auto`` caches its trials: each test gets its own cache, never the user's."""
+    """Sizes, layouts and throughputs are cached: each test gets its own cache, never the user's."""
     monkeypatch.setenv("BLOCKPRED_CACHE_DIR", str(tmp_path / "blockpred-cache"))
 
 

@@ -130,9 +130,11 @@ def test_resuming_with_block_auto_keeps_the_block_the_output_was_started_with(tm
     data = np.random.default_rng(1).integers(0, 256, (32, 48, 48), dtype=np.uint8)
     path = write_test_volume(str(tmp_path / "in.zarr"), data)
     out = str(tmp_path / "out.zarr")
-    first = blockpred.predict(path, out, block=16, progress=False, local=True)
+    # Batch and layout named: neither run measures them (a loaded machine would, and cache what it found).
+    pinned = dict(batch_size=1, memory_format="contiguous", progress=False, local=True)
+    first = blockpred.predict(path, out, block=16, **pinned)
 
-    again = blockpred.predict(path, out, block="auto", progress=False, local=True)  # no --overwrite: a resume
+    again = blockpred.predict(path, out, block="auto", **pinned)  # no --overwrite: a resume
     assert again.plan.block_shape == first.plan.block_shape == Coord((16, 16, 16))
     assert again.num_resumed == first.plan.num_blocks and again.sizing is None, "trials ran for a resume"
 
