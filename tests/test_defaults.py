@@ -70,7 +70,7 @@ def test_the_measured_defaults_predict_what_batch_1_contiguous_at_the_same_block
     np.testing.assert_allclose(_read(chosen.output), _read(plain.output), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("named", [dict(block=8), dict(batch_size=3), dict(memory_format="channels_last")])
+@pytest.mark.parametrize("named", [dict(block=32), dict(batch_size=3), dict(memory_format="channels_last")])
 def test_a_named_block_batch_or_memory_format_is_never_measured_or_changed(tmp_path, source, named):
     summary = blockpred.predict(source, str(tmp_path / "out.zarr"), **named, **_slow(tmp_path, "run.log"))
     if "block" in named:
