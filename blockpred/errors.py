@@ -24,6 +24,20 @@ class OutputExistsError(BlockpredError, FileExistsError):
     """The output exists and ``overwrite`` was not given."""
 
 
+class OutputLockedError(BlockpredError, FileExistsError):
+    """Another run holds the output (see :mod:`blockpred.ownership`)."""
+
+
+class OutputAccessError(BlockpredError, OSError):
+    """The output (or its markers) cannot be created, written or deleted: permissions, a full disk."""
+
+
+class RunFailedError(BlockpredError):
+    """A step after the blocks failed (the pyramid, say): what was done is kept; the message says how to go on."""
+
+    exit_code = 1
+
+
 class InvalidVolumeError(BlockpredError, ValueError):
     """A volume has the wrong number of axes, an unsupported dtype or format."""
 
@@ -44,21 +58,105 @@ class UntrustedPickleError(ModelLoadError):
     """A model file needs unpickling (which runs arbitrary code) without trust."""
 
 
-class BlockFailedError(RuntimeError):
-    """A block failed while running; names the block and chains the cause."""
+class OwnershipLostError(RuntimeError):
+    """This run no longer holds its output's lock: another run took it over (see :mod:`blockpred.ownership`)."""
 
     exit_code = 1
 
-    def __init__(self, block_index, message: str):
+
+class BlockFailedError(RuntimeError):
+    """A block failed while running; names the block and chains the cause.
+
+    :attr:`permanent` failures (a full disk, a permission refused, a chunk
+    that does not decode, a lost output lock) are not retried: a retry would
+    only fail again, after recomputing the block.
+    """
+
+    exit_code = 1
+
+    def __init__(self, block_index, message: str, *, permanent: bool | None = None):
         super().__init__(message)
         self.block_index = block_index
         self.failed = [block_index]  # every failed block's index, when several failed
+        self._permanent = permanent
+
+    @property
+    def permanent(self) -> bool:
+        if self._permanent is None:
+            return is_permanent(self.__cause__)
+        return self._permanent
 
     def __reduce__(self):  # picklable across dask workers, with the fields above
-        return (_rebuild_block_failed, (self.block_index, self.args[0], self.failed))
+        return (_rebuild_block_failed, (self.block_index, self.args[0], self.failed, self.permanent))
 
 
-def _rebuild_block_failed(block_index, message, failed):
-    error = BlockFailedError(block_index, message)
+def _rebuild_block_failed(block_index, message, failed, permanent=False):
+    error = BlockFailedError(block_index, message, permanent=permanent)
     error.failed = failed
     return error
+
+
+#: errno values of faults a retry does not cure: no space, no quota, no permission, a read-only file system.
+PERMANENT_ERRNOS = frozenset({28, 122, 13, 1, 30})  # ENOSPC, EDQUOT, EACCES, EPERM, EROFS
+#: The same, as the text of errors that carry no errno (tensorstore's), and chunks that do not decode.
+_PERMANENT_TEXTS = ("no space left on device", "disk quota exceeded", "permission denied", "operation not permitted",
+                    "read-only file system", "data_loss", "error decoding", "decompress", "corrupt",
+                    # an object store that did not answer any of a request's retries (about a minute of them)
+                    "retry attempts failed", "cannot reach the object store")
+
+
+def is_permanent(error: BaseException | None) -> bool:
+    """True when ``error`` (or an error it was raised from) is a fault a retry would only repeat."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, (OwnershipLostError, MissingChunkError)):
+            return True
+        if isinstance(error, OSError) and error.errno in PERMANENT_ERRNOS:
+            return True
+        text = str(error).lower()
+        if any(words in text for words in _PERMANENT_TEXTS):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+class MissingChunkError(RuntimeError):
+    """A block read an input chunk that is not stored, with ``--missing-chunks error``."""
+
+
+def os_reason(error: BaseException) -> tuple[str, str]:
+    """What an OS-level failure was, in a few words, and how to get past it.
+
+    Works for an :class:`OSError` and for errors that carry only text
+    (tensorstore's ``ValueError``); the errno decides the advice.
+    """
+    import errno as codes
+
+    number = getattr(error, "errno", None)
+    text = str(error)
+    if number is None:
+        for candidate, words in ((codes.ENOSPC, "No space left on device"), (codes.EDQUOT, "Disk quota exceeded"),
+                                 (codes.EACCES, "Permission denied"), (codes.EPERM, "Operation not permitted"),
+                                 (codes.EROFS, "Read-only file system")):
+            if words in text:
+                number = candidate
+                break
+    if number in (codes.ENOSPC, codes.EDQUOT):
+        return ("no space left on the device" if number == codes.ENOSPC else "the disk quota is used up",
+                "free space there or choose another output")
+    if number in (codes.EACCES, codes.EPERM):
+        where = getattr(error, "filename", None)
+        return ("permission denied" + (f" on {where}" if where else ""),
+                "check the permissions there, or choose another output")
+    if number == codes.EROFS:
+        return "the file system is read-only", "choose an output on a writable file system"
+    reason = getattr(error, "strerror", None) or text.split("\n", 1)[0].split(" [", 1)[0]
+    where = getattr(error, "filename", None)
+    return (reason + (f" ({where})" if where and str(where) not in reason else ""),
+            "check the path and the file system")
+
+
+def output_error(error: BaseException, doing: str, output: str) -> "OutputAccessError":
+    """One line for an OS-level failure while ``doing`` something to ``output``: what failed and how to fix it."""
+    reason, fix = os_reason(error)
+    return OutputAccessError(f"cannot {doing} {output!r}: {reason}; {fix}")
