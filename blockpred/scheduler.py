@@ -28,7 +28,10 @@
 * **Chunk safety.** Blocks are whole output chunks (see :mod:`blockpred.blocking`),
   so tasks never share a chunk; an HDF5 output is refused with several workers.
 * **Faults.** A task that raises is retried ``retries`` times; a retried task
-  skips the blocks its worker had already marked done.  A worker process that dies has
+  skips the blocks its worker had already marked done.  A permanent failure (a
+  full disk, a refused permission, a chunk that does not decode: see
+  :attr:`blockpred.errors.BlockFailedError.permanent`) is not retried, and no
+  new task starts after it.  A worker process that dies has
   its tasks rescheduled by dask.  A block that keeps failing fails the run with
   a message naming it, after every other task has finished.
 """
@@ -69,6 +72,9 @@ WORKER_COUNT_EVERY_S = 1.0
 #: How often a worker reports progress.
 PROGRESS_EVERY_S = 0.5
 PROGRESS_TOPIC = "blockpred-progress"
+
+#: Counts of wrong values a worker's pipeline keeps (see RunStats), reported as its stage times are.
+_PIPELINE_COUNTS = ("num_nonfinite", "num_nonfinite_blocks", "num_missing_chunk_reads", "num_missing_chunk_blocks")
 
 # Per worker process: what each registered plugin keeps (see _WorkerJob).
 _STATE: dict[str, "_WorkerJob"] = {}
@@ -169,6 +175,10 @@ def _run_task(key: str, block_ids) -> dict:
     stream = state.stream()
     try:
         counts = stream.run(block_ids)
+    except BlockFailedError as err:
+        if not err.permanent:
+            raise  # dask retries the task
+        return {"failure": err}  # a full disk, a refused permission: a retry would only fail again
     finally:
         state.report.flush()
     pipeline, backoff = stream.stream.stats, state.backoff
@@ -176,7 +186,9 @@ def _run_task(key: str, block_ids) -> dict:
             "num_voxels": counts.num_voxels, "num_skipped": counts.num_skipped, "seconds": counts.seconds,
             "pipeline": {"id": stream.stream.id, "busy_s": stream.stream.busy_s, "read_s": pipeline.read_s,
                          "transfer_s": pipeline.transfer_s, "compute_s": pipeline.compute_s,
-                         "write_s": pipeline.write_s, "out_of_memory": backoff.events},
+                         "write_s": pipeline.write_s, "out_of_memory": backoff.events,
+                         **{name: getattr(pipeline, name) for name in _PIPELINE_COUNTS}},
+            "missing_chunks": set(pipeline.missing_chunks), "missing_chunks_counted": pipeline.missing_chunks_counted,
             "batch_size": backoff.batch_size, "block_parts": tuple(backoff.parts)}
 
 
@@ -305,7 +317,11 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
     feed = TaskFeed(block_ids, job.settings.batch_size)
     running = as_completed()
 
+    stopping = False  # after a permanent failure: no new tasks, the ones in flight finish
+
     def top_up() -> None:
+        if stopping:
+            return
         workers = count()
         while running.count() < TASKS_IN_FLIGHT * max(1, workers):
             ids = feed.take(workers)
@@ -325,6 +341,10 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
             failures.append(error)
         else:
             summary = future.result()
+            if "failure" in summary:
+                failures.append(summary["failure"])
+                stopping = True
+                continue
             feed.observe(summary["num_blocks"], summary["seconds"])
             _add_summary(result, pipelines, summary)
         top_up()
@@ -358,6 +378,9 @@ def _add_summary(result: DistributedResult, pipelines: dict, summary: dict) -> N
     for name, value in pipeline.items():
         latest[name] = max(latest[name], value)  # every figure only grows while a pipeline lives
     _merge_sizes(result.stats, summary["batch_size"], Coord(summary["block_parts"]))
+    # A pipeline's missing chunks so far: the union over its tasks is all of them.
+    result.stats.add_missing_chunks(summary["missing_chunks"], reads=0, blocks=0)
+    result.stats.missing_chunks_counted &= summary["missing_chunks_counted"]
 
 
 def _add_pipelines(result: DistributedResult, pipelines: dict) -> None:
@@ -365,7 +388,7 @@ def _add_pipelines(result: DistributedResult, pipelines: dict) -> None:
     for (worker, _), figures in pipelines.items():
         result.workers[worker].busy_s += figures["busy_s"]
         result.workers[worker].pipelines += 1
-        for name in ("read_s", "transfer_s", "compute_s", "write_s", "out_of_memory"):
+        for name in ("read_s", "transfer_s", "compute_s", "write_s", "out_of_memory", *_PIPELINE_COUNTS):
             setattr(result.stats, name, getattr(result.stats, name) + figures[name])
 
 
