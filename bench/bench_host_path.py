@@ -78,7 +78,7 @@ class HostOnly(Predictor):
 
     def _steps(self, raw, raw_dtype, steps):
         y = raw if steps.crop is None else raw[(slice(None), slice(None)) + tuple(steps.crop)]
-        return y.expand(-1, CHANNELS, -1, -1, -1).contiguous()
+        return y.expand(-1, CHANNELS, -1, -1, -1).contiguous(), None  # no NaN/inf count: the device's work
 
 
 def _tensorstore(path: str):

@@ -59,6 +59,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    help="run in this process, without dask [the default with one device and no --workers/--scheduler]")
     g.add_argument("--retries", type=int, help="retries of a failed task [2]")
     g.add_argument("--mask", help="volume (full size or downsampled) whose nonzero voxels mark where to predict")
+    g.add_argument("--missing-chunks", choices=("warn", "error"),
+                   help="an input chunk that is not stored: warn (read it as the fill value, count it in the "
+                        "summary) or error (fail the block that reads it) [warn]")
     g.add_argument("--skip-empty", action="store_true", default=None,
                    help="skip blocks whose input is all one value (left at the fill value)")
     g = parser.add_argument_group("input and output")
@@ -84,7 +87,7 @@ _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling"
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
              "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
              "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method",
-             "storage_options")
+             "storage_options", "missing_chunks")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -25,6 +25,7 @@ from .io.stores import StorageOptions
 from .padding import PAD_MODES
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+MISSING_CHUNKS = ("warn", "error")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 MEMORY_FORMATS = ("contiguous", "channels_last")
 
@@ -109,6 +110,9 @@ class RunConfig:
     #: How to reach object stores (``s3://`` paths of input, output, mask and markers): endpoint_url,
     #: region, anonymous, profile; over the AWS environment variables and config (see blockpred.io.stores).
     storage_options: StorageOptions = StorageOptions()
+    #: An input chunk that is not stored (usually a failed transfer): "warn" reads it as the fill value and
+    #: counts it in the summary; "error" fails the block that reads it (not retried).
+    missing_chunks: str = "warn"
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -201,6 +205,10 @@ def _normalise(name: str, value: Any) -> Any:
         if str(value) not in PRECISIONS:
             raise InvalidOptionError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
         return str(value)
+    if name == "missing_chunks":
+        if str(value).lower() not in MISSING_CHUNKS:
+            raise InvalidOptionError(f"missing_chunks must be one of {', '.join(MISSING_CHUNKS)}, got {value!r}")
+        return str(value).lower()
     if name == "pad_mode":
         if str(value) not in PAD_MODES:
             raise InvalidOptionError(f"pad_mode must be one of {', '.join(PAD_MODES)}, got {value!r}")

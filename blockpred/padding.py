@@ -8,7 +8,7 @@ the edges: every block sees the same padded values the whole volume would.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -44,19 +44,37 @@ def read_padded(volume: Volume, box: Box, mode: str = "reflect", constant: float
 
     Channels, when the volume has them, come first and are never padded.
     """
+    return _padded(volume.read, volume, box, mode, constant)
+
+
+def read_padded_with_missing(volume: Volume, box: Box, mode: str = "reflect",
+                             constant: float = 0) -> tuple[np.ndarray, tuple[Box, ...]]:
+    """:func:`read_padded`, and the chunks of ``volume`` it found missing (see :meth:`Volume.read_with_missing`)."""
+    missing: list[Box] = []
+
+    def read(inside: Box) -> np.ndarray:
+        data, found = volume.read_with_missing(inside)
+        missing.extend(found)
+        return data
+
+    return _padded(read, volume, box, mode, constant), tuple(missing)
+
+
+def _padded(read: Callable[[Box], np.ndarray], volume: Volume, box: Box, mode: str, constant: float) -> np.ndarray:
+    """:func:`read_padded` with ``read`` reading the one box of ``volume`` it needs."""
     whole = volume.box
     if whole.contains(box):
-        return volume.read(box)
+        return read(box)
     lead = volume.shape[:-3]
     if mode == "constant":
         out = np.full(lead + tuple(box.shape), constant, dtype=volume.dtype)
         inside = box.intersect(whole)
         if not inside.empty:
             target = (slice(None),) * len(lead) + inside.relative_to(box.begin).to_slices()
-            out[target] = volume.read(inside)
+            out[target] = read(inside)
         return out
     per_axis = [source_indices(b, e, n, mode) for b, e, n in zip(box.begin, box.end, whole.end)]
     source = Box(Coord(int(i.min()) for i in per_axis), Coord(int(i.max()) + 1 for i in per_axis))
-    data = volume.read(source)
+    data = read(source)
     local = np.ix_(*[i - lo for i, lo in zip(per_axis, source.begin)])
     return data[(slice(None),) * len(lead) + local]

@@ -268,6 +268,12 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         raise InvalidOptionError("--local runs in this process; it cannot be combined with --workers or --scheduler")
     if cfg.pyramid:
         _check_pyramid(cfg, source, target_path)
+    if cfg.missing_chunks == "error" and not source.counts_missing_chunks:
+        raise InvalidOptionError(
+            f"--missing-chunks error needs an input whose missing chunks can be told (zarr, N5 or unsharded "
+            f"precomputed read through tensorstore), but {source_path} reads them as the fill value unseen; "
+            f"drop --missing-chunks error"
+        )
 
     if not cfg.local and cfg.scheduler is None and target_path.format == "hdf5":
         from .cluster import check_hdf5_writers, local_worker_envs
@@ -306,6 +312,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
         downsampling=_downsampling(cfg, model),
+        missing_chunks=cfg.missing_chunks,
     )
     fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
     resumed = previous is not None and not cfg.overwrite

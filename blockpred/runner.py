@@ -65,6 +65,8 @@ class PredictionSummary:
     defaults: Defaults | None = None
     #: The pyramid written below the output (``pyramid=N``), else None.
     pyramid: "PyramidSummary | None" = None
+    #: The output's dtype (what NaN and inf became depends on it).
+    output_dtype: str = "float32"
 
     @property
     def mvox_per_s(self) -> float:
@@ -94,7 +96,14 @@ class PredictionSummary:
         )
         if self.pyramid is not None:
             lines.append(str(self.pyramid))
+        lines += [note for note in (s.nonfinite_note(self.output_dtype), s.missing_chunks_note()) if note]
         return "\n".join(lines)
+
+    def warnings(self) -> list[str]:
+        """Values written that may be wrong without an error: NaN or inf outputs, missing input chunks."""
+        counted = self.stats.missing_chunks_counted and self.stats.num_missing_chunk_reads
+        return [note for note in (self.stats.nonfinite_note(self.output_dtype),
+                                  self.stats.missing_chunks_note() if counted else "") if note]
 
 
 def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
@@ -139,6 +148,8 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
                            cluster)
         pyramid = _pyramid(cfg, job.target, summary, cluster) if cfg.pyramid else None
     _record_throughput(p, summary)
+    for warning in summary.warnings():  # one line each, after the run (the summary repeats them)
+        logger.warning("%s", warning)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
                                pyramid=pyramid)
 
@@ -242,7 +253,7 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
             where = ", ".join(sorted({w.device for w in workers.values()})) or str(predictor.device)
     stats.num_skipped += masked
     return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers,
-                             batch_size=job.settings.batch_size)
+                             batch_size=job.settings.batch_size, output_dtype=job.settings.output_dtype.name)
 
 
 def _take_lock(at, output: str) -> OutputLock:

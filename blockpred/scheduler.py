@@ -73,6 +73,9 @@ WORKER_COUNT_EVERY_S = 1.0
 PROGRESS_EVERY_S = 0.5
 PROGRESS_TOPIC = "blockpred-progress"
 
+#: Counts of wrong values a worker's pipeline keeps (see RunStats), reported as its stage times are.
+_PIPELINE_COUNTS = ("num_nonfinite", "num_nonfinite_blocks", "num_missing_chunk_reads", "num_missing_chunk_blocks")
+
 # Per worker process: what each registered plugin keeps (see _WorkerJob).
 _STATE: dict[str, "_WorkerJob"] = {}
 
@@ -183,7 +186,9 @@ def _run_task(key: str, block_ids) -> dict:
             "num_voxels": counts.num_voxels, "num_skipped": counts.num_skipped, "seconds": counts.seconds,
             "pipeline": {"id": stream.stream.id, "busy_s": stream.stream.busy_s, "read_s": pipeline.read_s,
                          "transfer_s": pipeline.transfer_s, "compute_s": pipeline.compute_s,
-                         "write_s": pipeline.write_s, "out_of_memory": backoff.events},
+                         "write_s": pipeline.write_s, "out_of_memory": backoff.events,
+                         **{name: getattr(pipeline, name) for name in _PIPELINE_COUNTS}},
+            "missing_chunks": set(pipeline.missing_chunks), "missing_chunks_counted": pipeline.missing_chunks_counted,
             "batch_size": backoff.batch_size, "block_parts": tuple(backoff.parts)}
 
 
@@ -373,6 +378,9 @@ def _add_summary(result: DistributedResult, pipelines: dict, summary: dict) -> N
     for name, value in pipeline.items():
         latest[name] = max(latest[name], value)  # every figure only grows while a pipeline lives
     _merge_sizes(result.stats, summary["batch_size"], Coord(summary["block_parts"]))
+    # A pipeline's missing chunks so far: the union over its tasks is all of them.
+    result.stats.add_missing_chunks(summary["missing_chunks"], reads=0, blocks=0)
+    result.stats.missing_chunks_counted &= summary["missing_chunks_counted"]
 
 
 def _add_pipelines(result: DistributedResult, pipelines: dict) -> None:
@@ -380,7 +388,7 @@ def _add_pipelines(result: DistributedResult, pipelines: dict) -> None:
     for (worker, _), figures in pipelines.items():
         result.workers[worker].busy_s += figures["busy_s"]
         result.workers[worker].pipelines += 1
-        for name in ("read_s", "transfer_s", "compute_s", "write_s", "out_of_memory"):
+        for name in ("read_s", "transfer_s", "compute_s", "write_s", "out_of_memory", *_PIPELINE_COUNTS):
             setattr(result.stats, name, getattr(result.stats, name) + figures[name])
 
 

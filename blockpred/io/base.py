@@ -187,6 +187,8 @@ class Volume(abc.ABC):
     async_writes: bool = False
     #: False for a volume opened with mode "r"; :meth:`write` then raises.
     writable: bool = True
+    #: True when :meth:`read_with_missing` can tell a missing (not stored) chunk from a stored one.
+    counts_missing_chunks: bool = False
 
     @property
     def ndim(self) -> int:
@@ -221,6 +223,15 @@ class Volume(abc.ABC):
     def read(self, box: Box) -> np.ndarray:
         """The data inside ``box`` (spatial), all channels, as a new numpy array."""
         return np.asarray(self._read(self._index(box)))
+
+    def read_with_missing(self, box: Box) -> tuple[np.ndarray, tuple[Box, ...]]:
+        """:meth:`read`, and the chunks it found missing (not stored), which it read as the fill value.
+
+        A chunk is named by its box in the array (channels included, clipped to
+        the array).  A backend that cannot tell (:attr:`counts_missing_chunks`
+        False) names none.
+        """
+        return self.read(box), ()
 
     def write(self, box: Box, data: np.ndarray) -> None:
         """Write ``data`` (all channels) into ``box`` (spatial); returns once the data is stored."""

@@ -94,6 +94,8 @@ class PrecomputedVolume(TensorstoreVolume):
         self.voxel_size = spatial_voxel_size(scale.get("resolution"), reverse=True)
         # A shard of several chunks is rewritten whole: threads must not write two of its chunks at once.
         self.parallel_writes = not _shares_files(scale)
+        # tensorstore reads a missing shard as the fill value even when told not to fill (see .tensorstore_io).
+        self.counts_missing_chunks = "sharding" not in scale
         log.debug("opened %r", self)
 
     def __reduce__(self):

@@ -75,6 +75,7 @@ class ZarrVolume(TensorstoreVolume):
         self.zarr_format: int = self._array.metadata.zarr_format
         self._store = _tensorstore(path, self._array, self.writable)
         self.async_writes = self._store is not None
+        self.counts_missing_chunks = self._store is not None  # zarr-python reads missing chunks as the fill value
         log.debug("opened %r", self)
 
     def _read(self, index: tuple[slice, ...]) -> np.ndarray:

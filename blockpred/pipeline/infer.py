@@ -6,13 +6,22 @@ goes up (uint8 for EM: a quarter of float32) and only what is stored comes down
 
     raw blocks -> pinned buffer --upload stream--> raw on device
       -> float32 x * scale + offset -> network -> crop to the core, keep channels
-      -> output dtype --download stream--> pinned buffer -> host
+      -> [count NaN/inf per block] -> output dtype --download stream--> pinned buffer -> host
 
 On CUDA, :meth:`Predictor.submit` only enqueues these steps on three streams
 and returns a :class:`Pending`; a caller that submits batch n+1 before it
 collects batch n gets the upload of n+1, the network on n and the download of
 n-1 running at once.  Pinned buffers come from a pool and are reused.  On the
 CPU the same steps run at once, in the caller's thread, with the same numbers.
+
+NaN and inf.  A conversion to uint8 turns NaN into 0 and inf into 255 (or 0),
+so the network's output is checked before it: when the steps name the boxes
+each block writes (:attr:`DeviceSteps.counted`), :attr:`Pending.nonfinite`
+says how many NaN and inf values each block's box held.  On the CPU the check
+is one sum per slab (a sum is finite only when every value is), and values
+are counted only in a slab whose sum is not; on CUDA one ``isfinite`` pass and
+one sum per block run on the compute stream, and the small count tensor goes
+down with the batch, so the check adds no host synchronisation.
 """
 
 from __future__ import annotations
@@ -87,6 +96,9 @@ class DeviceSteps:
     crop: tuple[slice, slice, slice] | None = None
     channels: tuple[int, ...] | None = None
     output_dtype: np.dtype = np.dtype("float32")
+    #: Per block of the batch, the box of the kept output (after ``crop``) whose NaN and inf values are
+    #: counted: what the block writes (at the volume's edge, less than the core).  None counts nothing.
+    counted: tuple[tuple[slice, slice, slice], ...] | None = None
 
     def for_core(self, halo: tuple[int, ...], core_shape: tuple[int, ...]) -> "DeviceSteps":
         """These steps, cropping a network output that begins ``halo`` before a core of ``core_shape``."""
@@ -107,12 +119,14 @@ class Pending:
     compute_s: float = 0.0
     #: Seconds of host <-> device copies (0 on the CPU).
     transfer_s: float = 0.0
+    #: Per block, the NaN and inf values in its :attr:`DeviceSteps.counted` box (None when none was named).
+    nonfinite: np.ndarray | None = None
     _finish: object = None
     _release: object = None
 
     def result(self) -> np.ndarray:
         if self._finish is not None:
-            self._value, self.compute_s, self.transfer_s = self._finish()
+            self._value, self.compute_s, self.transfer_s, self.nonfinite = self._finish()
             self._finish = None
         return self._value
 
@@ -237,8 +251,9 @@ class Predictor:
             start = time.perf_counter()
             raw = torch.from_numpy(_upload_form(blocks[0])[np.newaxis] if len(blocks) == 1 else
                                    np.stack([_upload_form(b) for b in blocks]))  # one block: no copy
-            values = self._steps(raw, blocks[0].dtype, steps).numpy()
-            return Pending(values, compute_s=time.perf_counter() - start)
+            values, counts = self._steps(raw, blocks[0].dtype, steps)
+            return Pending(values.numpy(), compute_s=time.perf_counter() - start,
+                           nonfinite=None if counts is None else counts.numpy())
         return self._submit_cuda(blocks, steps)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
@@ -258,31 +273,48 @@ class Predictor:
         with torch.inference_mode(), self.autocast():
             return _as_tensor(self._forward(x))
 
-    def _steps(self, raw: torch.Tensor, raw_dtype: np.dtype, steps: DeviceSteps) -> torch.Tensor:
-        """Normalise, run the network, crop and convert: everything on the device, out of place."""
+    def _steps(self, raw: torch.Tensor, raw_dtype: np.dtype,
+               steps: DeviceSteps) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Normalise, run the network, crop, count NaN/inf and convert: everything on the device, out of place.
+
+        Returns the converted values and, when ``steps.counted`` names boxes, the
+        int64 NaN/inf count per block (on the device).
+        """
         with torch.inference_mode():
             out = self.forward(self._normalized(raw, raw_dtype, steps))
             y = out
             channels = range(y.shape[1]) if steps.channels is None else steps.channels
             if steps.crop is not None:
                 y = y[(slice(None), slice(None)) + tuple(steps.crop)]
+            counts = boxes = None
+            if steps.counted is not None:
+                counts = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
+                boxes = [tuple(slice(*s.indices(n)[:2]) for s, n in zip(box, y.shape[2:]))
+                         for box in steps.counted]
             if steps.channels is None and steps.crop is None and y.dtype == torch.float32 \
                     and steps.output_dtype == np.float32:
+                if counts is not None:
+                    _count_nonfinite(y, boxes, counts)
                 # Nothing to convert: the network's own output (a copy if CUDA graphs will reuse its buffer).
-                return y.clone() if self.compile == "reduce-overhead" else y
+                return (y.clone() if self.compile == "reduce-overhead" else y), counts
             result = torch.empty((y.shape[0], len(channels)) + tuple(y.shape[2:]), device=y.device,
                                  dtype=_TORCH_OUTPUT_DTYPES[np.dtype(steps.output_dtype)])
             for b, c, z in self._slabs(result.shape):
                 if c is None:  # the whole batch at once
                     source, target = (y if steps.channels is None else y[:, list(channels)]), result
+                    if counts is not None:
+                        _count_nonfinite(source, boxes, counts)
                 else:
                     source, target = y[b, channels[c], z], result[b, c, z]
+                    # One sum per slab, while it is in the cache: finite only when every value is.
+                    if counts is not None and not math.isfinite(source.sum(dtype=torch.float32).item()):
+                        counts[b] += _count_in_slab(source, z.start, boxes[b])
                 if steps.output_dtype == np.uint8:
                     source = torch.clamp(source.float(), 0.0, 1.0).mul_(255.0).round_()
                     if not self._cuda:
                         source = source.to(torch.int32)  # torch's CPU cast float -> uint8 is 2x slower than via int32
                 target.copy_(source)
-            return result
+            return result, counts
 
     def _normalized(self, raw: torch.Tensor, raw_dtype: np.dtype, steps: DeviceSteps) -> torch.Tensor:
         """``raw`` as float32, ``x * scale + offset``, slab by slab on the CPU (see :meth:`_slabs`)."""
@@ -332,21 +364,29 @@ class Predictor:
         with torch.cuda.stream(self._compute):
             on_device.record_stream(self._compute)  # made on the upload stream, used on this one
             events[2].record()
-            result = self._steps(on_device, blocks[0].dtype, steps)
+            result, counts = self._steps(on_device, blocks[0].dtype, steps)
             events[3].record()
         self._download.wait_event(events[3])
         host_out = self._pool.take(tuple(result.shape), result.dtype)
+        host_counts = None if counts is None else self._pool.take(tuple(counts.shape), counts.dtype)
         with torch.cuda.stream(self._download):
             result.record_stream(self._download)
             events[4].record()
             host_out.copy_(result, non_blocking=True)
+            if counts is not None:  # a few bytes, down with the batch: no synchronisation of its own
+                counts.record_stream(self._download)
+                host_counts.copy_(counts, non_blocking=True)
             events[5].record()
 
-        def finish() -> tuple[np.ndarray, float, float]:
+        def finish() -> tuple[np.ndarray, float, float, np.ndarray | None]:
             events[5].synchronize()
             self._pool.give(host_in)
+            nonfinite = None
+            if host_counts is not None:
+                nonfinite = host_counts.numpy().copy()
+                self._pool.give(host_counts)
             transfer_ms = events[0].elapsed_time(events[1]) + events[4].elapsed_time(events[5])
-            return host_out.numpy(), events[2].elapsed_time(events[3]) / 1e3, transfer_ms / 1e3
+            return host_out.numpy(), events[2].elapsed_time(events[3]) / 1e3, transfer_ms / 1e3, nonfinite
 
         return Pending(_finish=finish, _release=lambda: self._pool.give(host_out))
 
@@ -355,6 +395,35 @@ class Predictor:
         if self._cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+
+
+def _count_nonfinite(values: torch.Tensor, boxes: Sequence[tuple[slice, ...]], counts: torch.Tensor) -> None:
+    """Add to ``counts[i]`` the NaN and inf values of block ``i`` of ``values`` (B, C, Z, Y, X) inside ``boxes[i]``.
+
+    One ``isfinite`` pass; one sum over the batch when every box is the whole
+    block, else one per block.  Only device operations: nothing waits for them.
+    """
+    finite = torch.isfinite(values)
+    whole = tuple(slice(0, n) for n in values.shape[2:])
+    if all(box == whole for box in boxes):
+        counts += finite[0].numel() - finite.sum(dim=(1, 2, 3, 4))
+        return
+    for i, box in enumerate(boxes):
+        region = finite[(i, slice(None)) + box]
+        counts[i] += region.numel() - region.sum()
+
+
+def _count_in_slab(slab: torch.Tensor, z_begin: int, box: tuple[slice, ...]) -> int:
+    """The NaN and inf values of ``slab`` (one block's z-range from ``z_begin``, one channel) inside ``box``.
+
+    ``box`` has explicit bounds (``slice(begin, end)``) in the coordinates of the whole block.
+    """
+    depth = slab.shape[0]
+    z = slice(max(box[0].start, z_begin) - z_begin, min(box[0].stop, z_begin + depth) - z_begin)
+    if z.stop <= z.start:
+        return 0
+    region = slab[(z,) + tuple(box[1:])]
+    return region.numel() - int(torch.isfinite(region).sum())
 
 
 def _as_tensor(result) -> torch.Tensor:

@@ -7,6 +7,14 @@ is submitted before batch n is collected, so on CUDA the copies and the
 network overlap.  Memory is bounded by ``(prefetch + 2 x batch_size)`` raw
 input blocks plus ``2 x num_writers`` output blocks, never by the volume.
 Out-of-memory errors shrink the batch, then the block (see :mod:`.backoff`).
+
+Silent wrong values are counted in :class:`RunStats`: NaN and inf among the
+network's values for the written voxels (before the conversion to the output
+dtype turns them into numbers; see :mod:`.infer`), and input chunks that are
+not stored and so read as the fill value (see
+:meth:`blockpred.io.base.Volume.read_with_missing`).  With
+``missing_chunks="error"`` a block that reads a missing chunk fails instead,
+permanently (a retry would read the same hole).
 """
 
 from __future__ import annotations
@@ -22,11 +30,11 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from ..blocking import Block
-from ..errors import BlockFailedError
-from ..geometry import Coord
+from ..errors import BlockFailedError, MissingChunkError
+from ..geometry import Box, Coord
 from ..io.base import Volume
 from ..normalize import Normalization
-from ..padding import read_padded
+from ..padding import read_padded_with_missing
 from .backoff import Backoff, is_out_of_memory, split_core
 from .infer import DeviceSteps, Pending, Predictor
 from .prefetch import prefetch
@@ -52,6 +60,12 @@ class PipelineSettings:
     downsampling: Coord = Coord((1, 1, 1))
     #: A run stops early after this many failed blocks.
     max_failures: int = 10
+    #: A missing (not stored) input chunk: "warn" reads it as the fill value and counts it; "error" fails the block.
+    missing_chunks: str = "warn"
+
+
+#: Distinct missing input chunks a run lists at most (beyond, only reads of them are counted): bookkeeping stays small.
+MAX_LISTED_MISSING_CHUNKS = 10_000
 
 
 @dataclass
@@ -70,6 +84,16 @@ class RunStats:
     out_of_memory: int = 0
     batch_size: int = 0
     block_parts: Coord = Coord((1, 1, 1))
+    #: NaN and inf values the network gave for written voxels (before the output dtype), and the blocks that had any.
+    num_nonfinite: int = 0
+    num_nonfinite_blocks: int = 0
+    #: Missing input chunks read as the fill value: the distinct ones, each by its first voxel (up to
+    #: MAX_LISTED_MISSING_CHUNKS of them); the reads of one (a chunk in two blocks' reads counts twice); the
+    #: blocks that read one.  ``missing_chunks_counted`` is False when the input cannot tell (HDF5 ...).
+    missing_chunks: set = field(default_factory=set)
+    num_missing_chunk_reads: int = 0
+    num_missing_chunk_blocks: int = 0
+    missing_chunks_counted: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, stage: str, seconds: float) -> None:
@@ -90,6 +114,45 @@ class RunStats:
         if self.block_parts != Coord((1, 1, 1)):
             changes.append(f"blocks predicted in {'x'.join(map(str, self.block_parts))} parts")
         return f"recovered from {self.out_of_memory} out-of-memory error(s): {', '.join(changes)}"
+
+    def add_nonfinite(self, per_block: Iterable[int]) -> None:
+        """The NaN/inf counts of some written blocks, one per block."""
+        per_block = [int(n) for n in per_block]
+        with self._lock:
+            self.num_nonfinite += sum(per_block)
+            self.num_nonfinite_blocks += sum(1 for n in per_block if n)
+
+    def add_missing_chunks(self, chunks: Iterable[tuple[int, ...]], *, reads: int, blocks: int) -> None:
+        """Missing input chunks (their first voxels), read ``reads`` times by ``blocks`` blocks."""
+        with self._lock:
+            for chunk in chunks:
+                if len(self.missing_chunks) >= MAX_LISTED_MISSING_CHUNKS:
+                    break
+                self.missing_chunks.add(tuple(chunk))
+            self.num_missing_chunk_reads += reads
+            self.num_missing_chunk_blocks += blocks
+
+    def nonfinite_note(self, output_dtype) -> str:
+        """What NaN and inf values became ('' when there were none)."""
+        if not self.num_nonfinite:
+            return ""
+        dtype = np.dtype(output_dtype)
+        became = ("written as 0 (NaN, -inf) or 255 (+inf)" if dtype == np.uint8 else "kept as NaN/inf")
+        return (f"{self.num_nonfinite} network output value(s) in {self.num_nonfinite_blocks} blocks were NaN or inf "
+                f"(NaN or inf input, or a diverging network): {became} in the {dtype} output")
+
+    def missing_chunks_note(self) -> str:
+        """How many input chunks were missing and read as the fill value ('' when none)."""
+        if not self.missing_chunks_counted:
+            return "missing input chunks: not counted (this input's format reads them as the fill value unseen)"
+        if not self.num_missing_chunk_reads:
+            return ""
+        listed = len(self.missing_chunks)
+        number = f"at least {listed}" if listed >= MAX_LISTED_MISSING_CHUNKS else str(listed)
+        first = f", the first at voxel {min(self.missing_chunks)}" if self.missing_chunks else ""
+        return (f"{number} input chunk(s) were missing (not stored{first}) and read as the fill value by "
+                f"{self.num_missing_chunk_blocks} blocks; on EM data usually a failed transfer: restore them, or "
+                f"run with --missing-chunks error to stop at them")
 
 
 def run_blocks(
@@ -136,9 +199,13 @@ def run_blocks(
     failures: list[BlockFailedError] = []
     failures_lock = threading.Lock()
 
+    stats.missing_chunks_counted = source.counts_missing_chunks
+
     def read(block: Block) -> np.ndarray | None:
         begin = time.perf_counter()
-        data = read_padded(source, block.read_box, settings.pad_mode, settings.pad_value)
+        data, missing = read_padded_with_missing(source, block.read_box, settings.pad_mode, settings.pad_value)
+        if missing:
+            _missing_chunks(block, missing, source, settings, stats)
         if skip is not None and skip(block, data):
             return None
         if data.ndim == 3:
@@ -201,6 +268,20 @@ def raise_failures(failures: list[BlockFailedError]) -> None:
     raise first
 
 
+def _missing_chunks(block: Block, missing: tuple[Box, ...], source: Volume, settings: PipelineSettings,
+                    stats: RunStats) -> None:
+    """``block`` read ``missing`` chunks of ``source`` (as the fill value): counted, or with "error" it fails."""
+    first = min(missing, key=lambda box: tuple(box.begin))
+    if settings.missing_chunks == "error":
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise MissingChunkError(
+            f"input chunk {first} of {source.path} is missing (not stored){more}; restore it, or run with "
+            f"--missing-chunks warn to read missing chunks as the fill value"
+        )
+    logger.info("%s read %d missing input chunk(s) as the fill value, the first %s", block, len(missing), first)
+    stats.add_missing_chunks((tuple(box.begin) for box in missing), reads=len(missing), blocks=1)
+
+
 def _usable(reads, failed, on_block_skipped, stats) -> Iterator[tuple[Block, np.ndarray] | None]:
     """The blocks that were read and need the network (None: none for now); failures and skips are reported."""
     for block, data, error in reads:
@@ -246,12 +327,20 @@ class _DeviceFeed:
         """Collect what is in flight (finished results are written, never dropped)."""
         self._collect()
 
-    def _steps(self, block: Block, core_shape: Coord, data: np.ndarray) -> DeviceSteps:
-        halo = block.core_box.begin - block.output_begin
+    def _steps(self, blocks: list[Block], data: np.ndarray, part: Box | None = None) -> DeviceSteps:
+        """The steps of a batch of ``blocks`` (or of ``part`` of one block's core, relative to the core).
+
+        Each block's NaN and inf are counted in what it writes (its write box, in the core's frame).
+        """
+        block = blocks[0]
+        part = part if part is not None else Box.from_shape(block.core_box.shape)
+        halo = block.core_box.begin - block.output_begin  # a part's window starts at the part: the same halo
         scale, offset = self._settings.normalization.scale_offset(data.dtype)
+        counted = tuple(b.write_box.relative_to(b.core_box.begin).intersect(part).relative_to(part.begin).to_slices()
+                        for b in blocks)
         steps = DeviceSteps(scale=scale, offset=offset, channels=self._settings.channels,
-                            output_dtype=self._settings.output_dtype)
-        return steps.for_core(halo, core_shape)
+                            output_dtype=self._settings.output_dtype, counted=counted)
+        return steps.for_core(halo, part.shape)
 
     def _launch(self) -> None:
         items = [self._queue.popleft() for _ in range(min(self._backoff.batch_size, len(self._queue)))]
@@ -262,7 +351,7 @@ class _DeviceFeed:
             return
         block, data = items[0]
         try:
-            pending = self._predictor.submit([d for _, d in items], self._steps(block, block.core_box.shape, data))
+            pending = self._predictor.submit([d for _, d in items], self._steps([b for b, _ in items], data))
         except Exception as err:  # noqa: BLE001 - out of memory shrinks and retries; the rest fails the batch
             self._collect()
             if self._shrink(err, block):
@@ -285,6 +374,8 @@ class _DeviceFeed:
             return
         self._stats.add("compute_s", pending.compute_s)
         self._stats.add("transfer_s", pending.transfer_s)
+        if pending.nonfinite is not None:
+            self._stats.add_nonfinite(pending.nonfinite)
         release = _after_all(len(items), pending.release)  # the batch's buffer, once every block is written
         for (block, _), core_values in zip(items, values):
             self._write(block, core_values, release)
@@ -296,14 +387,15 @@ class _DeviceFeed:
         while True:
             parts = split_core(core_shape, self._backoff.parts, self._settings.downsampling)
             try:
-                assembled = None
+                assembled, nonfinite = None, 0
                 for part in parts:
                     window = data[(slice(None),) + tuple(slice(b, b + n + e)
                                                          for b, n, e in zip(part.begin, part.shape, extra))]
-                    pending = self._predictor.submit([window], self._steps(block, part.shape, window))
+                    pending = self._predictor.submit([window], self._steps([block], window, part))
                     values = pending.result()[0]
                     self._stats.add("compute_s", pending.compute_s)
                     self._stats.add("transfer_s", pending.transfer_s)
+                    nonfinite += int(pending.nonfinite[0])
                     if assembled is None:
                         assembled = np.empty((values.shape[0],) + tuple(core_shape), dtype=values.dtype)
                     assembled[(slice(None),) + part.to_slices()] = values
@@ -313,6 +405,7 @@ class _DeviceFeed:
                     continue
                 self._fail([(block, data)], err)
                 return
+            self._stats.add_nonfinite([nonfinite])
             self._write(block, assembled)
             return
 

@@ -125,6 +125,20 @@ def test_a_new_volume_reads_as_its_fill_value(backend, tmp_path):
         np.testing.assert_array_equal(volume.read(volume.box), np.zeros(SPATIAL_SHAPE, np.float32))
 
 
+def test_read_with_missing_names_every_chunk_of_a_new_volume_when_the_backend_can_tell(backend, tmp_path):
+    """Nothing is stored yet: a backend that counts names each chunk the read touched; one that cannot, none."""
+    with backend.create(backend.path(tmp_path)) as volume:
+        box = Box((2, 3, 4), (9, 17, 18))
+        data, missing = volume.read_with_missing(box)
+        np.testing.assert_array_equal(data, volume.read(box))
+        chunks = {(z, y, x) for z in range(0, 9, 4) for y in range(0, 17, 8) for x in range(0, 18, 6)}
+        assert {tuple(chunk.begin) for chunk in missing} == (chunks if volume.counts_missing_chunks else set())
+        volume.write(volume.box, random_data(SPATIAL_SHAPE, "float32"))
+        data, missing = volume.read_with_missing(box)
+        np.testing.assert_array_equal(data, volume.read(box))
+        assert missing == ()
+
+
 @pytest.mark.parametrize(
     "box",
     [
