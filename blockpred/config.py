@@ -42,7 +42,8 @@ class RunConfig:
     #: Keyword arguments for a factory, or architecture facts a state dict cannot tell.
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: Allow unpickling a whole checkpoint, or a bioimage.io package's architecture source (runs code from
-    #: the file: only for trusted files).
+    #: the file: only for trusted files).  Given on the command line or to predict only: a config file that
+    #: sets it, or names a ``package.module:factory`` without it, is refused (see :func:`make_config`).
     trust_pickle: bool = False
     #: Block core shape (z, y, x): what one block writes.  None: measured when the run is long enough
     #: to pay for it, starting from the model's default (else 64^3; see :mod:`blockpred.defaults`);
@@ -316,11 +317,40 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def make_config(config_file: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
-    """A :class:`RunConfig` from a YAML file (optional) and overrides (``None`` = not given)."""
-    values: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    """A :class:`RunConfig` from a YAML file (optional) and overrides (``None`` = not given).
+
+    Trust to run code comes from the overrides (the command line, the API call) only: see
+    :func:`_check_trust`.
+    """
+    from_file: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values = {**from_file, **given}
     known = set(_field_names())
     unknown = sorted(set(values) - known)
     if unknown:
         raise InvalidOptionError(f"unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
-    return RunConfig(**{k: _normalise(k, v) for k, v in values.items() if v is not None})
+    if "trust_pickle" in from_file:
+        raise InvalidOptionError(
+            f"config file {str(config_file)!r} sets trust_pickle, which lets a model file run Python code; trust "
+            f"cannot come from a config file: remove it, and pass --trust-pickle on the command line "
+            f"(trust_pickle=True to predict) if you trust the model")
+    cfg = RunConfig(**{k: _normalise(k, v) for k, v in values.items() if v is not None})
+    if "model" in from_file and "model" not in given and not cfg.trust_pickle:
+        _check_trust(config_file, cfg.model)
+    return cfg
+
+
+def _check_trust(config_file: str | os.PathLike, model: Any) -> None:
+    """Refuse a model named in a config file that runs Python code to be built: a ``package.module:factory``.
+
+    Configs get shared and downloaded; the same factory named by ``--model`` (``model=``) or with
+    ``--trust-pickle`` (``trust_pickle=True``) is the user's own choice.  A pickled checkpoint, and a
+    bioimage.io package whose architecture is Python source, need ``trust_pickle``, which a file cannot set.
+    """
+    from .models.loading import model_kind  # torch: only for a model named in a file
+
+    if model_kind(model) == "factory":
+        raise InvalidOptionError(
+            f"config file {str(config_file)!r} names the model factory {model!r}, which runs Python code; trust "
+            f"cannot come from a config file: name it with --model on the command line (model= in predict), "
+            f"or pass --trust-pickle")

@@ -79,13 +79,16 @@ def test_a_boolean_option_is_a_real_boolean_never_a_string_or_number(tmp_path, n
     path = tmp_path / "c.yaml"
     for text in ('"false"', "'true'", "0", "1", "[]"):
         path.write_text(f"{name}: {text}\n")
-        with pytest.raises(InvalidOptionError, match=f"{name} must be true or false"):
+        # A file may not set trust at all, whatever the value (see test_trust.py).
+        expected = "sets trust_pickle" if name == "trust_pickle" else f"{name} must be true or false"
+        with pytest.raises(InvalidOptionError, match=expected):
             make_config(path)
     for value in ("false", "no", 0, 1.0, None.__class__):
         with pytest.raises(InvalidOptionError, match=f"{name} must be true or false"):
             make_config(**{name: value})
-    path.write_text(f"{name}: false\n")
-    assert getattr(make_config(path), name) is False
+    if name != "trust_pickle":
+        path.write_text(f"{name}: false\n")
+        assert getattr(make_config(path), name) is False
     assert getattr(make_config(**{name: np.bool_(True)}), name) is True
 
 
@@ -114,3 +117,16 @@ def test_a_whole_number_is_taken_in_any_numeric_spelling():
     assert cfg.retries == 1 and cfg.pyramid == 2 and cfg.roi == parse_roi("0:8,0:8,0:8")
     assert all(type(v) is int for v in (*cfg.block, *cfg.halo, cfg.batch_size, cfg.retries, cfg.pyramid))
 
+
+def test_a_config_file_may_not_set_trust_or_name_a_factory_without_it(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trust_pickle: true\n")
+    with pytest.raises(InvalidOptionError, match="trust cannot come from a config file"):
+        make_config(path, trust_pickle=True)  # not even with trust given beside it: the file is wrong
+    path.write_text("model: subprocess:getoutput\nmodel_kwargs: {cmd: 'touch X'}\n")
+    with pytest.raises(InvalidOptionError, match="run.yaml' names the model factory 'subprocess:getoutput'"):
+        make_config(path)
+    assert make_config(path, trust_pickle=True).model == "subprocess:getoutput"
+    assert make_config(path, model="subprocess:getoutput").model_kwargs == {"cmd": "touch X"}
+    path.write_text("model: tiny\n")
+    assert make_config(path).model == "tiny"  # a preset runs no code from anywhere
