@@ -118,3 +118,39 @@ def test_a_block_as_large_as_a_small_volume_gets_no_warning(tmp_path, caplog):
         predict(source, str(tmp_path / "p.zarr"), device="cpu", block=(8, 16, 16), halo=8, progress=False)
     assert not [r for r in caplog.records if "twice" in r.getMessage()]
 
+
+# ---------------------------------------------------------------------- case 5: abbreviations and paths
+
+
+def test_an_abbreviated_flag_is_not_taken_for_overwrite(tmp_path, volume, existing):
+    before = _files(tmp_path / "out.zarr")
+    result = _blockpred(tmp_path, "run", volume, existing, "--over")
+    _assert_refused(result, "--over")
+    assert _files(tmp_path / "out.zarr") == before
+
+
+def test_dot_dot_in_a_dataset_path_is_refused_in_one_line(tmp_path, volume):
+    result = _blockpred(tmp_path, "run", volume, "g.zarr/x/../raw2")
+    _assert_refused(result, "'..'", "without")
+    assert not (tmp_path / "g.zarr" / "raw2").exists() and not (tmp_path / "g.zarr" / "x").exists()
+    result = _blockpred(tmp_path, "run", "g.zarr/x/../raw", "o.zarr")
+    _assert_refused(result, "'..'")
+    assert not (tmp_path / "o.zarr").exists()
+
+
+# ---------------------------------------------------------------------- case 6: shapes
+
+
+def test_an_input_with_an_empty_axis_says_there_is_nothing_to_predict(tmp_path):
+    zarr.create_array(str(tmp_path / "e.zarr"), name="raw", shape=(0, 64, 64), chunks=(1, 64, 64), dtype="uint8")
+    result = _blockpred(tmp_path, "run", "e.zarr/raw", "o.zarr")
+    _assert_refused(result, "has shape (0, 64, 64): an empty axis; there is nothing to predict")
+    assert "ROI" not in result.stderr
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_singleton_axes_of_a_5d_input_are_named(tmp_path):
+    write_test_volume(str(tmp_path / "f.zarr/five"), np.zeros((1, 1, 16, 32, 32), dtype=np.uint8))
+    result = _blockpred(tmp_path, "run", "f.zarr/five", "o.zarr")
+    _assert_refused(result, "axes 0, 1 have size 1", "without them, as (z, y, x)")
+    assert not (tmp_path / "o.zarr").exists()
