@@ -180,3 +180,22 @@ def plan_blocks(
         raise InvalidOptionError(f"network input {tuple(input_shape)} is smaller than block + 2 x (halo + context) = {tuple(needed)}")
     return BlockPlan(volume_box, roi, block_shape, halo, context, input_shape)
 
+
+def small_block_warning(plan: BlockPlan, step: Coord) -> str | None:
+    """One line when the block is smaller than twice its halo on an axis whose ROI has room for a larger one.
+
+    Such a block reads far more than it writes: block 4^3 with halo 8 reads 20^3 voxels for each 64
+    it writes (125x).  ``step`` (the block must be a multiple of it) rounds the suggested block up.
+    None when the block is large enough, or already as large as the ROI wherever it is not.
+    """
+    from .metrics import halo_overhead
+
+    block, halo, roi = plan.block_shape, plan.halo, plan.roi.shape
+    if not any(b < 2 * h and b < r for b, h, r in zip(block, halo, roi)):
+        return None
+    wanted = Coord(max(b, min(2 * h, r)) for b, h, r in zip(block, halo, roi)).ceil_div(step) * step
+    shape = lambda c: "x".join(map(str, c))  # noqa: E731
+    return (f"block {shape(block)} is smaller than twice its halo {shape(halo)}: the network reads "
+            f"{shape(plan.input_shape)} voxels for each {shape(block)} block it writes "
+            f"({halo_overhead(block, plan.input_shape):.3g}x the output voxels); a larger block reads less, "
+            f"such as --block {','.join(map(str, wanted))}")

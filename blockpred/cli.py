@@ -91,7 +91,12 @@ _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line like every other bad input (exit code 2)."""
+    """argparse, but a usage error is one line like every other bad input (exit code 2), and a flag is
+    never guessed from its beginning (``--over`` is not ``--overwrite``): the parser and, as their
+    ``parser_class``, every subcommand's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
 
     def error(self, message: str):
         self.exit(2, f"blockpred: error: {message} (see '{self.prog} --help')\n")

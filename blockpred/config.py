@@ -9,6 +9,7 @@ override the file.  Flexible inputs (``64`` or ``[32, 64, 64]`` or
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,8 @@ class RunConfig:
     #: Keyword arguments for a factory, or architecture facts a state dict cannot tell.
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: Allow unpickling a whole checkpoint, or a bioimage.io package's architecture source (runs code from
-    #: the file: only for trusted files).
+    #: the file: only for trusted files).  Given on the command line or to predict only: a config file that
+    #: sets it, or names a ``package.module:factory`` without it, is refused (see :func:`make_config`).
     trust_pickle: bool = False
     #: Block core shape (z, y, x): what one block writes.  None: measured when the run is long enough
     #: to pay for it, starting from the model's default (else 64^3; see :mod:`blockpred.defaults`);
@@ -122,17 +124,47 @@ def _field_names() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
+def _whole(item: Any) -> int:
+    """A whole number as an int: ``16``, ``16.0`` or ``"16"``; never truncated (16.5 raises ValueError).
+
+    A boolean is not a number here (``True`` would be 1), so it raises TypeError.
+    """
+    if isinstance(item, (bool, np.bool_)):
+        raise TypeError(f"{item!r} is a boolean, not a number")
+    if isinstance(item, (int, np.integer)):
+        return int(item)
+    if isinstance(item, str):
+        try:
+            return int(item.strip())
+        except ValueError:
+            item = float(item)  # "16.0" is 16; "abc" raises ValueError
+    if isinstance(item, (float, np.floating)):
+        if not math.isfinite(item) or not float(item).is_integer():
+            raise ValueError(f"{item!r} is not a whole number")
+        return int(item)
+    raise TypeError(f"{item!r} is not a number")
+
+
+def _reason(err: Exception) -> str:
+    """What :func:`_whole` found wrong, as a clause for a message ("" when it is Python's own)."""
+    text = str(err)
+    return f": {text}" if "is not a whole number" in text else ""
+
+
 def parse_shape(value: Any, name: str) -> Coord:
-    """``64``, ``"64"``, ``"32,64,64"`` or ``[32, 64, 64]`` as a 3D :class:`Coord`."""
+    """``64``, ``"64"``, ``"32,64,64"`` or ``[32, 64, 64]`` as a 3D :class:`Coord`.
+
+    Integral floats (``16.0``) are taken; a fraction (``16.5``) is refused, never truncated.
+    """
     try:
         if isinstance(value, str):
-            items = [int(v) for v in value.replace("x", ",").split(",") if v.strip()]
-        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            items = [int(value)]
+            items = [_whole(v) for v in value.replace("x", ",").split(",") if v.strip()]
+        elif isinstance(value, (int, float, np.number, bool, np.bool_)):
+            items = [_whole(value)]
         else:
-            items = [int(v) for v in value]
-    except (TypeError, ValueError):
-        raise InvalidOptionError(f"{name} must be one integer or three (Z,Y,X), got {value!r}") from None
+            items = [_whole(v) for v in value]
+    except (TypeError, ValueError) as err:
+        raise InvalidOptionError(f"{name} must be one integer or three (Z,Y,X), got {value!r}{_reason(err)}") from None
     if len(items) == 1:
         items = items * 3
     if len(items) != 3:
@@ -146,24 +178,45 @@ def parse_roi(value: Any) -> Box:
         if isinstance(value, Box):
             return value
         if isinstance(value, str):
-            pairs = [tuple(int(v) for v in part.split(":")) for part in value.split(",")]
+            pairs = [tuple(_whole(v) for v in part.split(":")) for part in value.split(",")]
         else:
-            pairs = [tuple(int(v) for v in pair) for pair in value]
+            pairs = [tuple(_whole(v) for v in pair) for pair in value]
         if len(pairs) != 3 or any(len(p) != 2 for p in pairs):
             raise ValueError
         return Box(Coord(p[0] for p in pairs), Coord(p[1] for p in pairs))
-    except (TypeError, ValueError):
-        raise InvalidOptionError(f"ROI must be z0:z1,y0:y1,x0:x1 with begin <= end, got {value!r}") from None
+    except (TypeError, ValueError) as err:
+        raise InvalidOptionError(
+            f"ROI must be z0:z1,y0:y1,x0:x1 with begin <= end, got {value!r}{_reason(err)}") from None
+
+
+def _count(value: Any, name: str, *, least: int, what: str) -> int:
+    """A whole number >= ``least`` (``2``, ``2.0``, ``"2"``); a fraction or a boolean is refused."""
+    try:
+        number = _whole(value)
+    except (TypeError, ValueError) as err:
+        raise InvalidOptionError(f"{name} must be a {what}, got {value!r}{_reason(err)}") from None
+    if number < least:
+        raise InvalidOptionError(f"{name} must be a {what}, got {value!r}")
+    return number
 
 
 def _positive_int(value: Any, name: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number <= 0 or isinstance(value, bool):
-        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
-    return number
+    return _count(value, name, least=1, what="positive integer")
+
+
+def _boolean(value: Any, name: str) -> bool:
+    """A real boolean (YAML true/false, Python or numpy bool); anything else is refused, never coerced.
+
+    ``bool("false")`` is True: a quoted ``"false"`` once turned ``overwrite`` and ``trust_pickle`` on.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    kind = {str: "a string", int: "a number", float: "a number"}.get(type(value), f"a {type(value).__name__}")
+    word = {"true": "true", "yes": "true", "on": "true", "1": "true",
+            "false": "false", "no": "false", "off": "false", "0": "false"}.get(str(value).strip().lower())
+    fix = (f"write {name}: {word} without quotes (in Python {name}={word.capitalize()})" if word
+           else f"write {name}: true or {name}: false without quotes (in Python True or False)")
+    raise InvalidOptionError(f"{name} must be true or false, got {value!r} ({kind}); {fix}")
 
 
 def _normalise(name: str, value: Any) -> Any:
@@ -216,31 +269,33 @@ def _normalise(name: str, value: Any) -> Any:
     if name in ("batch_size", "num_readers", "num_writers", "prefetch", "workers"):
         return _positive_int(value, name)
     if name == "pyramid":
-        if isinstance(value, bool) or not str(value).strip().isdigit():
-            raise InvalidOptionError(f"pyramid must be a non-negative number of levels, got {value!r}")
-        return int(value)
+        return _count(value, name, least=0, what="non-negative number of levels")
     if name == "pyramid_method":
         from .downsample import check_method
 
         return check_method(value)
     if name == "retries":
-        if isinstance(value, bool) or not str(value).isdigit():
-            raise InvalidOptionError(f"retries must be a non-negative integer, got {value!r}")
-        return int(value)
+        return _count(value, name, least=0, what="non-negative integer")
     if name == "channels":
         items = value.split(",") if isinstance(value, str) else value
         try:
-            return tuple(int(v) for v in items)
-        except (TypeError, ValueError):
-            raise InvalidOptionError(f"channels must be a list of channel indices, got {value!r}") from None
+            return tuple(_whole(v) for v in items)
+        except (TypeError, ValueError) as err:
+            raise InvalidOptionError(
+                f"channels must be a list of channel indices, got {value!r}{_reason(err)}") from None
     if name == "model_kwargs":
         if not isinstance(value, Mapping):
             raise InvalidOptionError(f"model_kwargs must be a mapping, got {value!r}")
         return dict(value)
     if name in ("trust_pickle", "overwrite", "progress", "local", "skip_empty"):
-        return bool(value)
+        return _boolean(value, name)
     if name == "pad_value":
-        return float(value)
+        if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
+            return float(value)
+        try:
+            return float(str(value))
+        except ValueError:
+            raise InvalidOptionError(f"pad_value must be a number, got {value!r}") from None
     if name == "compression":
         return str(value).lower()
     if name == "model":
@@ -270,11 +325,40 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def make_config(config_file: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
-    """A :class:`RunConfig` from a YAML file (optional) and overrides (``None`` = not given)."""
-    values: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    """A :class:`RunConfig` from a YAML file (optional) and overrides (``None`` = not given).
+
+    Trust to run code comes from the overrides (the command line, the API call) only: see
+    :func:`_check_trust`.
+    """
+    from_file: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values = {**from_file, **given}
     known = set(_field_names())
     unknown = sorted(set(values) - known)
     if unknown:
         raise InvalidOptionError(f"unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
-    return RunConfig(**{k: _normalise(k, v) for k, v in values.items() if v is not None})
+    if "trust_pickle" in from_file:
+        raise InvalidOptionError(
+            f"config file {str(config_file)!r} sets trust_pickle, which lets a model file run Python code; trust "
+            f"cannot come from a config file: remove it, and pass --trust-pickle on the command line "
+            f"(trust_pickle=True to predict) if you trust the model")
+    cfg = RunConfig(**{k: _normalise(k, v) for k, v in values.items() if v is not None})
+    if "model" in from_file and "model" not in given and not cfg.trust_pickle:
+        _check_trust(config_file, cfg.model)
+    return cfg
+
+
+def _check_trust(config_file: str | os.PathLike, model: Any) -> None:
+    """Refuse a model named in a config file that runs Python code to be built: a ``package.module:factory``.
+
+    Configs get shared and downloaded; the same factory named by ``--model`` (``model=``) or with
+    ``--trust-pickle`` (``trust_pickle=True``) is the user's own choice.  A pickled checkpoint, and a
+    bioimage.io package whose architecture is Python source, need ``trust_pickle``, which a file cannot set.
+    """
+    from .models.loading import model_kind  # torch: only for a model named in a file
+
+    if model_kind(model) == "factory":
+        raise InvalidOptionError(
+            f"config file {str(config_file)!r} names the model factory {model!r}, which runs Python code; trust "
+            f"cannot come from a config file: name it with --model on the command line (model= in predict), "
+            f"or pass --trust-pickle")

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, probe_block
-from .blocking import BlockPlan, blocks_per_axis, plan_blocks
+from .blocking import BlockPlan, blocks_per_axis, plan_blocks, small_block_warning
 from .config import RunConfig, make_config
 from .defaults import FORMAT_PASSES, Defaults, measuring_budget
 from .errors import (BlockpredError, InvalidOptionError, ModelLoadError, OutputExistsError, is_permanent,
@@ -305,6 +305,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure)
     plan, geometry, output = layout.plan, layout.geometry, layout.output
+    warning = small_block_warning(plan, block_step(_downsampling(cfg, model), cfg.output_chunks, cfg.shards))
+    if warning:
+        logger.warning("%s", warning)
     channels = _check_channels(cfg.channels, geometry)
     settings = PipelineSettings(
         batch_size=layout.batch_size, num_readers=cfg.num_readers or default_io_threads(cfg),

@@ -88,11 +88,12 @@ def test_the_cli_names_what_it_chose_and_a_named_option_wins(tmp_path, source, c
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"model": "tests.networks:logged", "halo": 10, "model_kwargs": {
         "log_path": str(tmp_path / "cli.log"), "delay_s": DELAY_S, "default_block": 16}}))
-    assert main(["run", source, str(tmp_path / "a.zarr"), "--config", str(config), "--no-progress"]) == 0
+    factory = ["--model", "tests.networks:logged"]  # code runs only from the command line, never from a file
+    assert main(["run", source, str(tmp_path / "a.zarr"), "--config", str(config), *factory, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "chosen: block " in out and "measured in " in out
     seen = len((tmp_path / "cli.log").read_text().split())
-    assert main(["run", source, str(tmp_path / "b.zarr"), "--config", str(config), "--no-progress",
+    assert main(["run", source, str(tmp_path / "b.zarr"), "--config", str(config), *factory, "--no-progress",
                  "--batch-size", "1", "--memory-format", "contiguous", "--block", "16"]) == 0
     assert "chosen" not in capsys.readouterr().out
     assert len((tmp_path / "cli.log").read_text().split()) - seen == 32  # the 32 blocks; no trial ran

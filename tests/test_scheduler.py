@@ -163,7 +163,9 @@ def test_a_block_that_keeps_failing_exits_1_naming_it_and_the_rerun_computes_onl
     config = tmp_path / "f.yaml"
     config.write_text(yaml.safe_dump({"model": "tests.networks:fails_on_marker", "model_kwargs": {"fault_file": str(fault)},
                                       "block": 16, "halo": 2, "retries": 1}))
-    args = ["run", source, out, "--config", str(config), "--workers", "2", "--no-progress"]
+    # A factory runs code: it is named on the command line, never trusted from a file (issue 21).
+    args = ["run", source, out, "--config", str(config), "--model", "tests.networks:fails_on_marker", "--workers", "2",
+            "--no-progress"]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "block (1, 1, 2)" in err and "marker voxel seen" in err

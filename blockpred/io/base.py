@@ -92,8 +92,38 @@ def parse_volume_path(text: str | Path, storage_options=None) -> VolumePath:
     options = StorageOptions.parse(storage_options)
     if text.startswith(PRECOMPUTED_SCHEME):
         return _precomputed_path(text[len(PRECOMPUTED_SCHEME) :], text, options)
-    if is_url(text):
-        return _url_path(text, options)
+    path = _url_path(text, options) if is_url(text) else _local_path(text)
+    _check_dataset(path, text)
+    return path
+
+
+def _check_dataset(path: VolumePath, text: str) -> None:
+    """Refuse a dataset path with '.', '..' or empty parts: inside a container they name nothing
+    (zarr refuses them; HDF5 and object stores would look for a member called '..')."""
+    parts = path.dataset.strip("/").split("/") if path.dataset and path.format != "precomputed" else []
+    bad = [part for part in parts if part in ("", ".", "..")]
+    if bad:
+        shown = "an empty part ('//')" if not bad[0] else f"a {bad[0]!r} part"
+        tidy = VolumePath(path.format, path.container, _tidy(parts))
+        raise InvalidOptionError(
+            f"dataset path {path.dataset!r} in {text!r} has {shown}; write the path inside the container without "
+            f"'.', '..' or empty parts, such as {str(tidy)!r}"
+        )
+
+
+def _tidy(parts: list[str]) -> str:
+    """The dataset ``parts`` with '.' and empty parts dropped and each '..' taking its parent away."""
+    kept: list[str] = []
+    for part in parts:
+        if part == "..":
+            if kept:
+                kept.pop()
+        elif part not in ("", "."):
+            kept.append(part)
+    return "/".join(kept)
+
+
+def _local_path(text: str) -> VolumePath:
     match = re.match(r"^(.*?\.(?:h5|hdf5|hdf))(?::/?|/)(.*)$", text, flags=re.IGNORECASE)
     if match:
         return VolumePath("hdf5", Path(match.group(1)), match.group(2).strip("/"))
@@ -283,10 +313,27 @@ def check_input_volume(volume: Volume) -> None:
     if volume.ndim not in (3, 4):
         raise InvalidVolumeError(
             f"{volume.path} has {volume.ndim} axes {volume.shape}; blockpred needs (z, y, x) or (c, z, y, x)"
+            + _singleton_hint(volume.shape)
         )
+    if 0 in volume.shape:
+        raise InvalidVolumeError(f"{volume.path} has shape {volume.shape}: an empty axis; there is nothing to predict")
     if volume.dtype not in SUPPORTED_INPUT_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_INPUT_DTYPES)
         raise InvalidVolumeError(f"{volume.path} has dtype {volume.dtype}; supported input dtypes: {names}")
+
+
+def _singleton_hint(shape: tuple[int, ...]) -> str:
+    """For more than 4 axes: which have size 1 and could be dropped ("" when that would not help)."""
+    ones = [axis for axis, size in enumerate(shape) if size == 1]
+    surplus = len(shape) - 4  # axes to drop for (c, z, y, x); one more for (z, y, x)
+    if surplus <= 0 or len(ones) < surplus:
+        return ""
+    named = f"axis {ones[0]} has" if len(ones) == 1 else f"axes {', '.join(map(str, ones))} have"
+    left = len(shape) - len(ones)
+    if left in (3, 4):
+        them = "it" if len(ones) == 1 else "them"
+        return f": {named} size 1; save the array without {them}, as {'(z, y, x)' if left == 3 else '(c, z, y, x)'}"
+    return f": {named} size 1; save the array without {len(shape) - 3} of them, as (z, y, x)"
 
 
 def spatial_voxel_size(value, *, reverse: bool = False) -> tuple[float, ...] | None:

@@ -62,7 +62,7 @@ from .torchfile import file_sha256, has_placeholders, is_placeholder, read_torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LoadedModel", "file_sha256", "load_model", "state_dict_sha256"]
+__all__ = ["LoadedModel", "file_sha256", "load_model", "model_kind", "state_dict_sha256"]
 
 _FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _ACCEPTS = (
@@ -114,28 +114,50 @@ def load_model(
     if given, are loaded into it strictly (kind ``"module"``).
     """
     kwargs = dict(model_kwargs or {})
-    if isinstance(model, nn.Module):
+    kind = model_kind(model)
+    if kind == "module":
         return _load_module(model, weights, kwargs, trust_pickle)
     model = str(model)
-    if model in PRESETS:
+    if kind == "preset":
         return _load_preset(model, weights, kwargs, trust_pickle)
     path = Path(model)
-    if is_package(path):  # a bioimage.io package (rdf.yaml, its folder or .zip): see .bioimageio
+    if kind == "bioimageio":  # a bioimage.io package (rdf.yaml, its folder or .zip): see .bioimageio
         from .bioimageio import load_package
 
         return load_package(path, weights, kwargs, trust_pickle)
-    if _is_file(path):
+    if kind == "file":
         if weights is not None:
             raise InvalidOptionError(
                 f"weights apply to presets and factories, but model {model!r} is a file that holds its own; "
                 f"drop --weights or pass a preset or factory as the model"
             )
         return _load_file(path, kwargs, trust_pickle)
-    if _is_dir(path):
+    if kind == "directory":
         raise ModelLoadError(f"model {model!r} must be a file, found a directory; " + _accepts())
-    if _FACTORY_RE.match(model):
+    if kind == "factory":
         return _load_factory(model, weights, kwargs, trust_pickle)
     raise InputNotFoundError(f"model {model!r} does not exist (no such file, and not a preset); " + _accepts())
+
+
+def model_kind(model: str | nn.Module) -> str:
+    """What :func:`load_model` takes ``model`` for, in its order, loading nothing: ``"module"``,
+    ``"preset"``, ``"bioimageio"``, ``"file"``, ``"directory"``, ``"factory"`` or ``"missing"``.
+
+    (:func:`blockpred.config.make_config` asks it whether a config file names a factory.)
+    """
+    if isinstance(model, nn.Module):
+        return "module"
+    model = str(model)
+    if model in PRESETS:
+        return "preset"
+    path = Path(model)
+    if is_package(path):
+        return "bioimageio"
+    if _is_file(path):
+        return "file"
+    if _is_dir(path):
+        return "directory"
+    return "factory" if _FACTORY_RE.match(model) else "missing"
 
 
 def _is_file(path: Path) -> bool:

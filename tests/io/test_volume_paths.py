@@ -77,6 +77,45 @@ def test_check_input_volume_refuses_a_volume_with_five_axes(tmp_path):
             check_input_volume(volume)
 
 
+@pytest.mark.parametrize("shape, hint", [
+    ((1, 1, 4, 4, 4), "axes 0, 1 have size 1; save the array without them, as (z, y, x)"),
+    ((2, 1, 4, 4, 4), "axis 1 has size 1; save the array without it, as (c, z, y, x)"),
+    ((1, 1, 1, 4, 4), "axes 0, 1, 2 have size 1; save the array without 2 of them, as (z, y, x)"),
+    ((2, 3, 4, 4, 4), None),
+])
+def test_singleton_axes_beyond_four_are_named(tmp_path, shape, hint):
+    path = write_test_volume(f"{tmp_path}/five.zarr", np.zeros(shape, np.uint8))
+    with open_volume(path) as volume:
+        with pytest.raises(InvalidVolumeError) as info:
+            check_input_volume(volume)
+    assert (hint in str(info.value)) if hint else "size 1" not in str(info.value)
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 4), (4, 4, 0), (0, 4, 4, 4)])
+def test_an_empty_axis_is_refused_as_nothing_to_predict(tmp_path, shape):
+    zarr.create_array(f"{tmp_path}/e.zarr", shape=shape, chunks=(1,) * len(shape), dtype="uint8")
+    with open_volume(f"{tmp_path}/e.zarr") as volume:
+        with pytest.raises(InvalidVolumeError, match=r"has shape \(.*\): an empty axis; there is nothing to predict"):
+            check_input_volume(volume)
+
+
+@pytest.mark.parametrize("text, part", [
+    pytest.param("g.zarr/x/../raw", "'..'", id="zarr-dot-dot"),
+    pytest.param("g.n5/../raw", "'..'", id="n5-dot-dot"),
+    pytest.param("f.h5:/a/../raw", "'..'", id="hdf5-dot-dot"),
+    pytest.param("f.h5:/a/./raw", "'.'", id="hdf5-dot"),
+    pytest.param("f.h5:/a//raw", "empty part", id="hdf5-empty"),
+    pytest.param("s3://bucket/g.zarr/x/../raw", "'..'", id="s3-dot-dot"),
+])
+def test_dot_parts_in_a_dataset_path_are_refused(text, part):
+    with pytest.raises(InvalidOptionError, match=f"has (a|an) {part}.*without '.', '..' or empty parts"):
+        parse_volume_path(text)
+
+
+def test_dot_dot_before_the_container_is_an_ordinary_file_system_path():
+    assert parse_volume_path("../data/g.zarr/raw") == VolumePath("zarr", Path("../data/g.zarr"), "raw")
+
+
 def test_check_input_volume_refuses_an_unsupported_dtype(tmp_path):
     path = write_test_volume(f"{tmp_path}/v.zarr", np.zeros((4, 4, 4), np.int64))
     with open_volume(path) as volume:

@@ -304,6 +304,24 @@ def test_an_architecture_source_in_the_package_runs_only_with_trust(packages, tm
     assert marker.exists() and loaded.out_channels == 2
 
 
+def test_a_config_file_cannot_trust_an_architecture_source(packages, tmp_path):
+    """Trust comes from the command line or the call only (issue 21): a YAML's trust_pickle is refused, and
+    the package named by a YAML without trust is refused as untrusted; its source never runs."""
+    marker = tmp_path / "ran"
+    rdf = _edited(packages, tmp_path, "source", _state_dict_weights(packages, tmp_path / "source", {
+        "source": "arch.py", "callable": "make"}))
+    (rdf.parent / "arch.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model": str(rdf), "trust_pickle": True}))
+    target = str(tmp_path / "out.zarr")
+    with pytest.raises(InvalidOptionError, match="trust cannot come from a config file"):
+        blockpred.predict(packages["volume"], target, config=str(config), device="cpu", progress=False)
+    config.write_text(yaml.safe_dump({"model": str(rdf)}))
+    with pytest.raises(UntrustedPickleError, match="--trust-pickle"):
+        blockpred.predict(packages["volume"], target, config=str(config), device="cpu", progress=False)
+    assert not marker.exists() and not os.path.exists(target)
+
+
 # ---------------------------------------------------------------------- bad packages
 
 
