@@ -17,6 +17,10 @@
 * **Spawned cleanly.** While a local cluster lives, the caller's ``__main__``
   is hidden from multiprocessing (:func:`without_main_reimport`), so a plain
   script without a ``__main__`` guard works.
+* **On loopback.** A cluster blockpred starts listens on 127.0.0.1 only
+  (scheduler, nannies, workers, dashboard): dask has no authentication, and
+  whoever reaches a worker can run code in it.  Joining ``scheduler_address``
+  is the user's own choice of what to expose.
 
 Nothing here imports torch at module level, and a CPU run's start does not
 import it at all (NVML tells whether there is a GPU).
@@ -32,6 +36,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .errors import InvalidOptionError
+
+#: The one address a local cluster listens on: the scheduler, nannies, workers and dashboard.
+LOOPBACK = "127.0.0.1"
 
 #: Threads of a worker blockpred starts: two tasks at once, both waiting on the worker's one
 #: pipeline, the second's blocks queued behind the first's (see blockpred.scheduler).
@@ -175,13 +182,15 @@ def _start_local_cluster(envs: list[dict[str, str]]):
     second import of torch: start-up is a fraction of a second).  Several
     workers, or GPU workers (each sees only its own GPU), are processes
     under nannies: dask-cuda's LocalCUDACluster when installed and every
-    worker has its own GPU, else a SpecCluster.
+    worker has its own GPU, else a SpecCluster.  Either way everything listens
+    on :data:`LOOPBACK` only.
     """
     from distributed import Nanny, Scheduler, SpecCluster, Worker
 
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
+    dashboard = f"{LOOPBACK}:0"
+    scheduler = {"cls": Scheduler, "options": {"host": LOOPBACK, "dashboard_address": dashboard}}
     if _in_process(envs):
-        workers = {"blockpred-0": {"cls": Worker, "options": {"nthreads": WORKER_THREADS}}}
+        workers = {"blockpred-0": {"cls": Worker, "options": {"nthreads": WORKER_THREADS, "host": LOOPBACK}}}
         return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR, name="blockpred")
 
     gpus = [env["CUDA_VISIBLE_DEVICES"] for env in envs]
@@ -192,9 +201,9 @@ def _start_local_cluster(envs: list[dict[str, str]]):
             pass
         else:
             return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=WORKER_THREADS,
-                                    dashboard_address=":0", silence_logs=logging.ERROR)
+                                    host=LOOPBACK, dashboard_address=dashboard, silence_logs=logging.ERROR)
 
-    options = {"nthreads": WORKER_THREADS, "silence_logs": logging.ERROR}
+    options = {"nthreads": WORKER_THREADS, "host": LOOPBACK, "silence_logs": logging.ERROR}
     workers = {f"blockpred-{i}": {"cls": Nanny, "options": {**options, "env": env}} for i, env in enumerate(envs)}
     import dask
 
