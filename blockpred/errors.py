@@ -62,3 +62,9 @@ def _rebuild_block_failed(block_index, message, failed):
     error = BlockFailedError(block_index, message)
     error.failed = failed
     return error
+
+
+class ClusterError(BlockpredError, RuntimeError):
+    """The local dask cluster failed at run time (workers that could not start); nothing of the output is lost."""
+
+    exit_code = 1

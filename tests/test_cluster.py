@@ -72,9 +72,12 @@ def worker_processes(pid: int) -> list[psutil.Process]:
 
 
 def num_done(output: str) -> int:
-    """Blocks marked done: the markers' append-only logs hold 8 bytes per block."""
-    logs = Path(output + ".blockpred").glob("*/done/*.ids")
-    return sum(path.stat().st_size for path in logs) // 8
+    """Blocks marked done: the markers' append-only logs hold 8 bytes per block (a block redone is there twice)."""
+    ids = [np.zeros(0, dtype="<i8")]
+    for path in Path(output + ".blockpred").glob("*/done/*.ids"):
+        raw = path.read_bytes()
+        ids.append(np.frombuffer(raw[: len(raw) // 8 * 8], dtype="<i8"))
+    return len(np.unique(np.concatenate(ids)))
 
 
 def wait_for(condition, run: subprocess.Popen, what: str, timeout_s: float = 180):
@@ -113,6 +116,68 @@ def assert_no_process_left(members: list[psutil.Process], pgid: int) -> None:
         except (ProcessLookupError, psutil.Error):
             continue
     assert not left, left
+
+
+@pytest.mark.parametrize("moment", ["start-up", "loading", "mid-run"])
+def test_a_worker_killed_at_any_moment_leaves_a_complete_output_and_exit_0(tmp_path, volume, moment):
+    """SIGKILL of a worker process as soon as it appears (the cluster is starting), while the run's network is
+    loaded on it (a network slow to build in workers), or after blocks are done."""
+    source, clean = volume
+    out = str(tmp_path / "out.zarr")
+    extra = []
+    if moment == "loading":
+        loading = tmp_path / "loading"
+        loading.mkdir()
+        config = tmp_path / "slow.yaml"
+        config.write_text(yaml.safe_dump({"model": "tests.networks:slow_to_load",
+                                          "model_kwargs": {"claim_dir": str(loading), "delay_s": 2.0}}))
+        extra = ["--config", str(config)]
+    run = start_run(source, out, "--workers", "2", *extra)
+    if moment == "start-up":
+        victim = wait_for(lambda: worker_processes(run.pid), run, "a worker process")[0]
+        assert num_done(out) == 0
+    elif moment == "loading":
+        victim = psutil.Process(int(wait_for(lambda: list(loading.iterdir()), run, "a worker loading")[0].name))
+        assert num_done(out) == 0
+    else:
+        wait_for(lambda: num_done(out) >= 4, run, "4 blocks done")
+        victim = worker_processes(run.pid)[0]
+    victim.send_signal(signal.SIGKILL)
+    stdout, stderr = finish(run)
+    assert run.returncode == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    assert num_done(out) >= NUM_BLOCKS
+    np.testing.assert_allclose(read_all(out), clean, atol=1e-6)
+
+
+def test_a_block_that_kills_its_worker_fails_the_run_in_one_line_and_the_rerun_computes_only_its_task(tmp_path):
+    """A task whose workers keep dying (dask's allowed-failures, 0 here: the first death) fails its blocks, not the run."""
+    data = np.full((32, 32, 48), 102, dtype=np.uint8)
+    data[20, 20, 36] = 255  # in block (1, 1, 2) of 16^3 blocks, 4 voxels from its faces
+    source = write_test_volume(str(tmp_path / "in.zarr"), data)
+    fault = tmp_path / "fault"
+    fault.touch()
+    config = tmp_path / "kill.yaml"
+    config.write_text(yaml.safe_dump({"model": "tests.networks:kills_on_marker", "block": 16, "halo": 2,
+                                      "model_kwargs": {"fault_file": str(fault)}}))
+    out = str(tmp_path / "out.zarr")
+    command = [sys.executable, "-m", "blockpred", "run", source, out, "--config", str(config), "--workers", "2",
+               "--batch-size", "1", "--device", "cpu", "--no-progress"]
+    env = dict(child_env(), DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="0")
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    (error,) = [line for line in run.stderr.splitlines() if line.startswith("blockpred: error:")]
+    assert error == run.stderr.strip().splitlines()[-1] and "died" in error and "allowed-failures" in error, error
+    done = num_done(out)
+    assert 0 < done < 12
+
+    fault.unlink()
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"in {12 - done} blocks ({done} already done)" in rerun.stdout, rerun.stdout
+    values = read_all(out)[0]
+    assert np.allclose(values[data == 102], 0.2), "every block written, once the fault is gone"
 
 
 def test_the_local_cluster_listens_on_loopback_only(tmp_path, volume):
