@@ -319,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
         print(f"blockpred: error: {err}{cause}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("blockpred: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: the workers of a local cluster never see it (see blockpred.nanny)
+        resume = "; finished blocks are kept: run the same command again to resume" if args.command == "run" else ""
+        print(f"blockpred: interrupted{resume}", file=sys.stderr)
         return 130
 
 

@@ -23,6 +23,8 @@
   is the user's own choice of what to expose.
 * **Steady.** A worker process may die at any moment, its start included:
   its nanny starts it again (:mod:`blockpred.nanny`) and the run goes on.
+  Ctrl-C is the client's alone: worker processes never see it (they start
+  with SIGINT blocked) and are stopped by the client's close.
 
 Nothing here imports torch at module level, and a CPU run's start does not
 import it at all (NVML tells whether there is a GPU).

@@ -212,3 +212,31 @@ def test_a_cluster_started_in_process_has_its_scheduler_on_loopback():
         workers = client.scheduler_info(n_workers=-1)["workers"]
         assert workers and all(address.startswith("tcp://127.0.0.1:") for address in workers)
         assert client.dashboard_link.startswith("http://127.0.0.1:")
+
+
+@pytest.mark.parametrize("workers", [pytest.param(["--workers", "2"], id="two-workers"),
+                                     pytest.param([], id="in-process")])
+def test_ctrl_c_prints_one_line_exits_130_leaves_no_process_and_the_rerun_resumes(tmp_path, volume, workers):
+    """A terminal's Ctrl-C: SIGINT to the whole foreground process group (the client and every worker)."""
+    source, clean = volume
+    out = str(tmp_path / "out.zarr")
+    run = start_run(source, out, *workers)
+    wait_for(lambda: num_done(out) >= 4, run, "4 blocks done")
+    members = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
+    os.killpg(run.pid, signal.SIGINT)
+    stdout, stderr = finish(run)
+    assert run.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert lines[-1] == INTERRUPTED and stderr.count("interrupted") == 1, stderr
+    assert all(line.startswith("blockpred: ") for line in lines), stderr
+    assert_no_process_left(members, run.pid)
+
+    done = num_done(out)
+    assert 4 <= done < NUM_BLOCKS
+    rerun = start_run(source, out, *workers)
+    stdout, stderr = finish(rerun)
+    assert rerun.returncode == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    assert f"in {NUM_BLOCKS - done} blocks ({done} already done)" in stdout, stdout
+    np.testing.assert_allclose(read_all(out), clean, atol=1e-6)
