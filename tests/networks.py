@@ -183,7 +183,7 @@ def pid_logged(log_path: str) -> PidLogged:
 
 
 class KillsOnMarker(FailsOnMarker):
-    """x / 2, but kills its own process (SIGKILL, as the OOM killer would) on the marker value while ``fault_file`` exists."""
+    """x / 2, but SIGKILLs its own process (as the OOM killer would) on the marker value while ``fault_file`` exists."""
 
     def forward(self, x):
         if os.path.exists(self.fault_file) and bool((x == 1.0).any()):

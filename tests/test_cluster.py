@@ -151,7 +151,7 @@ def test_a_worker_killed_at_any_moment_leaves_a_complete_output_and_exit_0(tmp_p
 
 
 def test_a_block_that_kills_its_worker_fails_the_run_in_one_line_and_the_rerun_computes_only_its_task(tmp_path):
-    """A task whose workers keep dying (dask's allowed-failures, 0 here: the first death) fails its blocks, not the run."""
+    """A task whose workers keep dying (dask's allowed-failures; 0 here: at the first death) fails its blocks only."""
     data = np.full((32, 32, 48), 102, dtype=np.uint8)
     data[20, 20, 36] = 255  # in block (1, 1, 2) of 16^3 blocks, 4 voxels from its faces
     source = write_test_volume(str(tmp_path / "in.zarr"), data)
