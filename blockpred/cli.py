@@ -327,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"blockpred: error: {_one_line(err)}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
-    except KeyboardInterrupt:
-        print("blockpred: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: the workers of a local cluster never see it (see blockpred.nanny)
+        resume = "; finished blocks are kept: run the same command again to resume" if args.command == "run" else ""
+        print(f"blockpred: interrupted{resume}", file=sys.stderr)
         return 130
 
 

@@ -17,6 +17,14 @@
 * **Spawned cleanly.** While a local cluster lives, the caller's ``__main__``
   is hidden from multiprocessing (:func:`without_main_reimport`), so a plain
   script without a ``__main__`` guard works.
+* **On loopback.** A cluster blockpred starts listens on 127.0.0.1 only
+  (scheduler, nannies, workers, dashboard): dask has no authentication, and
+  whoever reaches a worker can run code in it.  Joining ``scheduler_address``
+  is the user's own choice of what to expose.
+* **Steady.** A worker process may die at any moment, its start included:
+  its nanny starts it again (:mod:`blockpred.nanny`) and the run goes on.
+  Ctrl-C is the client's alone: worker processes never see it (they start
+  with SIGINT blocked) and are stopped by the client's close.
 
 Nothing here imports torch at module level, and a CPU run's start does not
 import it at all (NVML tells whether there is a GPU).
@@ -31,7 +39,10 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from .errors import InvalidOptionError
+from .errors import ClusterError, InvalidOptionError
+
+#: The one address a local cluster listens on: the scheduler, nannies, workers and dashboard.
+LOOPBACK = "127.0.0.1"
 
 #: Threads of a worker blockpred starts: two tasks at once, both waiting on the worker's one
 #: pipeline, the second's blocks queued behind the first's (see blockpred.scheduler).
@@ -73,11 +84,16 @@ class Cluster:
         if scheduler_address is not None:
             return None, Client(scheduler_address), None
         envs = local_worker_envs(device, num_workers)
-        cluster = _start_local_cluster(envs)
+        try:
+            cluster = _start_local_cluster(envs)
+        except Exception as err:  # a worker that kept dying while starting, or no port to listen on
+            raise ClusterError(f"the local dask cluster of {len(envs)} worker(s) did not start: {_root_cause(err)}; "
+                               f"check that this machine has the memory for {len(envs)} more Python processes "
+                               f"that import torch, or use --local") from err
         client = Client(cluster)
         if _in_process(envs):
             return cluster, client, None  # shares this process's torch and its threads
-        client.run(_warm)
+        client.run(_warm, on_error="ignore")  # a worker that died meanwhile is started again, and warms then
         cpu = not envs[0]["CUDA_VISIBLE_DEVICES"]
         return cluster, client, max(1, (os.cpu_count() or 1) // len(envs)) if cpu else None
 
@@ -107,6 +123,13 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The innermost of an exception's causes (dask wraps a worker's failure as 'Nanny failed to start')."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
 
 
 def _warm() -> None:
@@ -174,15 +197,19 @@ def _start_local_cluster(envs: list[dict[str, str]]):
     One CPU worker is a dask worker in this process (on threads; no spawn, no
     second import of torch: start-up is a fraction of a second).  Several
     workers, or GPU workers (each sees only its own GPU), are processes
-    under nannies: dask-cuda's LocalCUDACluster when installed and every
-    worker has its own GPU, else a SpecCluster.
+    under nannies (:class:`blockpred.nanny.SteadyNanny`): dask-cuda's
+    LocalCUDACluster when installed and every worker has its own GPU, else a
+    SpecCluster.  Either way everything listens on :data:`LOOPBACK` only.
     """
-    from distributed import Nanny, Scheduler, SpecCluster, Worker
+    from distributed import Scheduler, SpecCluster, Worker
 
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
+    from .nanny import SteadyNanny
+
+    dashboard = f"{LOOPBACK}:0"
+    scheduler = {"cls": Scheduler, "options": {"host": LOOPBACK, "dashboard_address": dashboard}}
     if _in_process(envs):
-        workers = {"blockpred-0": {"cls": Worker, "options": {"nthreads": WORKER_THREADS}}}
-        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR, name="blockpred")
+        workers = {"blockpred-0": {"cls": Worker, "options": {"nthreads": WORKER_THREADS, "host": LOOPBACK}}}
+        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=_dask_log_level(), name="blockpred")
 
     gpus = [env["CUDA_VISIBLE_DEVICES"] for env in envs]
     if all(gpus) and len(set(gpus)) == len(gpus):
@@ -192,14 +219,16 @@ def _start_local_cluster(envs: list[dict[str, str]]):
             pass
         else:
             return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=WORKER_THREADS,
-                                    dashboard_address=":0", silence_logs=logging.ERROR)
+                                    host=LOOPBACK, dashboard_address=dashboard, worker_class=SteadyNanny,
+                                    silence_logs=_dask_log_level())
 
-    options = {"nthreads": WORKER_THREADS, "silence_logs": logging.ERROR}
-    workers = {f"blockpred-{i}": {"cls": Nanny, "options": {**options, "env": env}} for i, env in enumerate(envs)}
+    options = {"nthreads": WORKER_THREADS, "host": LOOPBACK, "silence_logs": _dask_log_level()}
+    workers = {f"blockpred-{i}": {"cls": SteadyNanny, "options": {**options, "env": env}}
+               for i, env in enumerate(envs)}
     import dask
 
     with dask.config.set(_worker_environment(len(envs), cpu=not any(gpus))):
-        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR, name="blockpred")
+        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=_dask_log_level(), name="blockpred")
 
 
 def _worker_environment(num_workers: int, *, cpu: bool) -> dict:
@@ -257,11 +286,22 @@ def without_main_reimport():
 
 
 def _quiet_dask() -> None:
-    """dask's INFO chatter only when blockpred itself logs at INFO (``blockpred -v``)."""
+    """dask's own log lines in this process only when blockpred itself logs at INFO (``blockpred -v``)."""
     if logging.getLogger("blockpred").isEnabledFor(logging.INFO):
         return
     import distributed  # noqa: F401 - creates its loggers
 
     for name in list(logging.root.manager.loggerDict):
         if name == "distributed" or name.startswith("distributed."):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(_dask_log_level())
+
+
+def _dask_log_level() -> int:
+    """The level of dask's log lines, in this process and in the workers: ERROR with ``blockpred -v``, else CRITICAL.
+
+    What fails in dask reaches blockpred as an exception and is reported in
+    one line; dask's ERROR lines would repeat it with a traceback (a failed
+    task's 'Compute Failed'), or are the noise of a cluster going down (a
+    worker's heartbeat cut short by Ctrl-C, a broadcast to a worker just killed).
+    """
+    return logging.ERROR if logging.getLogger("blockpred").isEnabledFor(logging.INFO) else logging.CRITICAL

@@ -160,3 +160,9 @@ def output_error(error: BaseException, doing: str, output: str) -> "OutputAccess
     """One line for an OS-level failure while ``doing`` something to ``output``: what failed and how to fix it."""
     reason, fix = os_reason(error)
     return OutputAccessError(f"cannot {doing} {output!r}: {reason}; {fix}")
+
+
+class ClusterError(BlockpredError, RuntimeError):
+    """The local dask cluster failed at run time (workers that could not start); nothing of the output is lost."""
+
+    exit_code = 1

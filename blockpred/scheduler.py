@@ -31,9 +31,13 @@
   skips the blocks its worker had already marked done.  A permanent failure (a
   full disk, a refused permission, a chunk that does not decode: see
   :attr:`blockpred.errors.BlockFailedError.permanent`) is not retried, and no
-  new task starts after it.  A worker process that dies has
-  its tasks rescheduled by dask.  A block that keeps failing fails the run with
-  a message naming it, after every other task has finished.
+  new task starts after it.  A worker process may
+  die at any moment: its nanny starts it again (:mod:`blockpred.nanny`), it
+  receives the run's plugin as it joins, and dask reschedules its tasks.  A
+  worker that dies while the plugin is sent has it sent again.  A block that
+  keeps failing, or whose task's workers keep dying (dask's
+  ``distributed.scheduler.allowed-failures``), fails the run with a message
+  naming it, after every other task has finished.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import_distributed()  # never at the same time as a cluster's start thread (see 
 from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
 
 from .blocking import Block  # noqa: E402
-from .errors import BlockFailedError, InvalidOptionError  # noqa: E402
+from .errors import BlockFailedError, ClusterError, InvalidOptionError  # noqa: E402
 from .geometry import Coord  # noqa: E402
 from .job import Job, JobStream  # noqa: E402
 from .pipeline import Backoff, RunStats  # noqa: E402
@@ -71,6 +75,8 @@ MAX_TASK_BLOCKS = 16384
 WORKER_COUNT_EVERY_S = 1.0
 #: How often a worker reports progress.
 PROGRESS_EVERY_S = 0.5
+#: Sends of the run's plugin to the workers before the run gives up, when a worker dies during each.
+REGISTER_ATTEMPTS = 5
 PROGRESS_TOPIC = "blockpred-progress"
 
 #: Counts of wrong values a worker's pipeline keeps (see RunStats), reported as its stage times are.
@@ -291,7 +297,7 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
     check_hdf5_writers(job.target, _WorkerCount(client)())
     key = job.markers.path.name + "-" + format(abs(hash((str(job.markers.path), os.getpid()))), "x")
     plugin = PredictorPlugin(key, job, torch_threads)
-    client.register_plugin(plugin)
+    _register_plugin(client, plugin)
     lock = threading.Lock()
 
     def progress(event) -> None:
@@ -309,13 +315,37 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
     return result
 
 
+def _register_plugin(client, plugin: PredictorPlugin) -> None:
+    """The run's plugin on every worker: sent to those present (their setups done on return), kept for later ones.
+
+    A worker that dies while the plugin is sent to it fails the send (a
+    closed or refused connection) and may leave others without it: it is
+    sent again, to all (a worker that had it loads the network again).  The
+    dead worker's restart receives it as it joins.
+    """
+    from distributed.comm import CommClosedError
+
+    for attempt in range(1, REGISTER_ATTEMPTS + 1):
+        try:
+            client.register_plugin(plugin)
+            return
+        except (CommClosedError, OSError) as err:
+            if attempt == REGISTER_ATTEMPTS:
+                raise ClusterError(f"the network could not be loaded on the dask workers: a worker died during each "
+                                   f"of {REGISTER_ATTEMPTS} attempts (the last: {err}); check the workers' memory, "
+                                   f"or use --local") from err
+            logger.warning("a dask worker died while the network was loaded on it (%s); loading it again", err)
+            time.sleep(WORKER_COUNT_EVERY_S)  # the scheduler notices the dead worker meanwhile
+
+
 def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: DistributedResult) -> None:
     """Tasks of the elastic feed until every block is through; a failed block fails the run after all others."""
-    from distributed import as_completed
+    from distributed import KilledWorker, as_completed
 
     count = _WorkerCount(client)
     feed = TaskFeed(block_ids, job.settings.batch_size)
     running = as_completed()
+    task_ids: dict = {}  # future key -> its block ids, while it runs
 
     stopping = False  # after a permanent failure: no new tasks, the ones in flight finish
 
@@ -327,16 +357,21 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
             ids = feed.take(workers)
             if ids is None:
                 return
-            running.add(client.submit(_run_task, key, ids, retries=retries, pure=False))
+            future = client.submit(_run_task, key, ids, retries=retries, pure=False)
+            task_ids[future.key] = ids
+            running.add(future)
 
     start = time.perf_counter()
     failures: list[BlockFailedError] = []
     pipelines: dict = {}  # (worker, pipeline id) -> its latest figures
     top_up()
     for future in running:
+        ids = task_ids.pop(future.key)
         if future.status == "error":
             error = future.exception()
-            if not isinstance(error, BlockFailedError):
+            if isinstance(error, KilledWorker):
+                error = _workers_died(job, ids, error)
+            elif not isinstance(error, BlockFailedError):
                 raise error
             failures.append(error)
         else:
@@ -354,6 +389,22 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
         first = failures[0]
         first.failed = [index for f in failures for index in f.failed]
         raise first
+
+
+def _workers_died(job: Job, block_ids, error) -> BlockFailedError:
+    """A task whose workers died more often than dask allows (``KilledWorker``): a failure of its blocks."""
+    _, worker, allowed = error.args
+    indices = [job.plan.block_from_id(int(i)).index for i in block_ids]
+    blocks = f"block {tuple(indices[0])}" + (f" and {len(indices) - 1} more" if len(indices) > 1 else "")
+    them = "them" if len(indices) > 1 else "it"
+    failure = BlockFailedError(indices[0], (
+        f"{blocks} failed: the dask worker running {them} died, {allowed + 1} time(s) (the last: "
+        f"{getattr(worker, 'name', worker)}; distributed.scheduler.allowed-failures is {allowed}); a block that runs "
+        f"a worker out of memory kills it: use a smaller --block or --batch-size, and run the same command again "
+        f"to retry {them}"))
+    failure.failed = indices
+    failure.__cause__ = error
+    return failure
 
 
 def _remove_plugin(client, name: str) -> None:

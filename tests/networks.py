@@ -1,6 +1,8 @@
 """Small networks for tests, importable by dask worker processes as ``tests.networks:<factory>``."""
 
+import multiprocessing
 import os
+import signal
 import time
 import zlib
 
@@ -193,3 +195,40 @@ class Passthrough(torch.nn.Module):
 
 def passthrough() -> Passthrough:
     return Passthrough()
+
+
+class KillsOnMarker(FailsOnMarker):
+    """x / 2, but SIGKILLs its own process (as the OOM killer would) on the marker value while ``fault_file`` exists."""
+
+    def forward(self, x):
+        if os.path.exists(self.fault_file) and bool((x == 1.0).any()):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x * 0.5
+
+
+def kills_on_marker(fault_file: str) -> KillsOnMarker:
+    return KillsOnMarker(fault_file)
+
+
+class SlowToLoad(torch.nn.Module):
+    """The tiny preset, slow to build in a worker process: it leaves ``<claim_dir>/<pid>``, then sleeps ``delay_s``.
+
+    A test kills the worker while the run's plugin loads the network on it.
+    The client (not a multiprocessing child) builds it at once.
+    """
+
+    def __init__(self, claim_dir: str, delay_s: float):
+        super().__init__()
+        if multiprocessing.parent_process() is not None:
+            open(os.path.join(claim_dir, str(os.getpid())), "w").close()
+            time.sleep(delay_s)
+        self.net = build_preset("tiny")
+        self.in_channels, self.out_channels = 1, 2
+        self.downsampling = self.net.downsampling
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def slow_to_load(claim_dir: str, delay_s: float) -> SlowToLoad:
+    return SlowToLoad(claim_dir, delay_s)
