@@ -129,9 +129,8 @@ def test_a_worker_killed_at_any_moment_leaves_a_complete_output_and_exit_0(tmp_p
         loading = tmp_path / "loading"
         loading.mkdir()
         config = tmp_path / "slow.yaml"
-        config.write_text(yaml.safe_dump({"model": "tests.networks:slow_to_load",
-                                          "model_kwargs": {"claim_dir": str(loading), "delay_s": 2.0}}))
-        extra = ["--config", str(config)]
+        config.write_text(yaml.safe_dump({"model_kwargs": {"claim_dir": str(loading), "delay_s": 2.0}}))
+        extra = ["--config", str(config), "--model", "tests.networks:slow_to_load"]  # a factory: named here
     run = start_run(source, out, "--workers", "2", *extra)
     if moment == "start-up":
         victim = wait_for(lambda: worker_processes(run.pid), run, "a worker process")[0]
@@ -158,10 +157,10 @@ def test_a_block_that_kills_its_worker_fails_the_run_in_one_line_and_the_rerun_c
     fault = tmp_path / "fault"
     fault.touch()
     config = tmp_path / "kill.yaml"
-    config.write_text(yaml.safe_dump({"model": "tests.networks:kills_on_marker", "block": 16, "halo": 2,
-                                      "model_kwargs": {"fault_file": str(fault)}}))
+    config.write_text(yaml.safe_dump({"block": 16, "halo": 2, "model_kwargs": {"fault_file": str(fault)}}))
     out = str(tmp_path / "out.zarr")
-    command = [sys.executable, "-m", "blockpred", "run", source, out, "--config", str(config), "--workers", "2",
+    command = [sys.executable, "-m", "blockpred", "run", source, out, "--config", str(config),
+               "--model", "tests.networks:kills_on_marker", "--workers", "2",
                "--batch-size", "1", "--device", "cpu", "--no-progress"]
     env = dict(child_env(), DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="0")
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
