@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +75,8 @@ def write_test_volume(
 
 
 def run_blockpred(*args: str, cwd: str | Path | None = None, env: dict | None = None,
-                  timeout: float = 300) -> "subprocess.CompletedProcess[str]":
+                  timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m blockpred ARGS`` as a real child process (text output); never raises on its exit code."""
-    import subprocess
-    import sys
 
     return subprocess.run([sys.executable, "-m", "blockpred", *map(str, args)], cwd=cwd, env=env or child_env(),
                           capture_output=True, text=True, timeout=timeout)

@@ -102,24 +102,6 @@ def _wait_for_done(output: str, count: int, process: subprocess.Popen, timeout_s
     raise TimeoutError(f"fewer than {count} blocks done after {timeout_s} s")
 
 
-def test_a_worker_killed_mid_run_has_its_blocks_rescheduled_and_the_output_is_complete(tmp_path):
-    source = random_volume(tmp_path, (32, 64, 64))
-    clean = str(tmp_path / "clean.zarr")
-    log = str(tmp_path / "forward.log")
-    config = _config(tmp_path, log_path=log, delay_s=0.15)
-    blockpred.predict(source, clean, config=config, model="tests.networks:logged", local=True, progress=False)
-    out = str(tmp_path / "out.zarr")
-    run = _start_run([source, out, "--config", config, "--model", "tests.networks:logged", "--workers", "2"], tmp_path)
-    _wait_for_done(out, 4, run)
-    victim = _worker_processes(run.pid)[0]
-    victim.send_signal(signal.SIGKILL)
-    stdout, stderr = run.communicate(timeout=300)
-    assert run.returncode == 0, stderr
-    assert not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE
-    assert len(markers_of(out).done_indices()) == 32
-    np.testing.assert_array_equal(read_all(out), read_all(clean))
-
-
 def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path):
     source = random_volume(tmp_path, (32, 64, 64))
     clean = str(tmp_path / "clean.zarr")
