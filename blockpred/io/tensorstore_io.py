@@ -91,6 +91,9 @@ class TensorstoreVolume(Volume):
         """The same view of the same array, on which reading a missing chunk raises."""
         spec = self._store.spec().to_json()
         spec["fill_missing_data_reads"] = False
+        if isinstance(self.path.container, ObjectUrl):  # a spec leaves out the credentials and retries: ours again
+            access = kvstore_spec(self.path.container)
+            spec["kvstore"].update({k: v for k, v in access.items() if k not in ("driver", "bucket", "path")})
         return ts.open(spec, read=True, open=True, context=context()).result()
 
     def _read_by_chunk(self, index: tuple[slice, ...]) -> tuple[np.ndarray, tuple[Box, ...]]:
