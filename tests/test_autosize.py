@@ -139,6 +139,7 @@ def test_resuming_with_block_auto_keeps_the_block_the_output_was_started_with(tm
     assert again.num_resumed == first.plan.num_blocks and again.sizing is None, "trials ran for a resume"
 
 
+@pytest.mark.slow
 def test_joining_a_cluster_the_trials_run_on_a_worker_and_the_blocks_with_the_chosen_sizes(tmp_path, monkeypatch):
     from distributed import LocalCluster
 

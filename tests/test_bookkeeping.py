@@ -153,6 +153,7 @@ def test_plan_refuses_bad_figures_in_one_line(tmp_path, capsys, flag, value, exp
     assert expected in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_readme_api_example_runs_as_a_plain_script_without_a_main_guard(tmp_path):
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Python API", 1)[1]

@@ -129,6 +129,7 @@ def test_an_abbreviated_flag_is_not_taken_for_overwrite(tmp_path, volume, existi
     assert _files(tmp_path / "out.zarr") == before
 
 
+@pytest.mark.slow
 def test_dot_dot_in_a_dataset_path_is_refused_in_one_line(tmp_path, volume):
     result = _blockpred(tmp_path, "run", volume, "g.zarr/x/../raw2")
     _assert_refused(result, "'..'", "without")

@@ -118,6 +118,7 @@ def assert_no_process_left(members: list[psutil.Process], pgid: int) -> None:
     assert not left, left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["start-up", "loading", "mid-run"])
 def test_a_worker_killed_at_any_moment_leaves_a_complete_output_and_exit_0(tmp_path, volume, moment):
     """SIGKILL of a worker process as soon as it appears (the cluster is starting), while the run's network is
@@ -149,6 +150,7 @@ def test_a_worker_killed_at_any_moment_leaves_a_complete_output_and_exit_0(tmp_p
     np.testing.assert_allclose(read_all(out), clean, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_block_that_kills_its_worker_fails_the_run_in_one_line_and_the_rerun_computes_only_its_task(tmp_path):
     """A task whose workers keep dying (dask's allowed-failures; 0 here: at the first death) fails its blocks only."""
     data = np.full((32, 32, 48), 102, dtype=np.uint8)
@@ -179,6 +181,7 @@ def test_a_block_that_kills_its_worker_fails_the_run_in_one_line_and_the_rerun_c
     assert np.allclose(values[data == 102], 0.2), "every block written, once the fault is gone"
 
 
+@pytest.mark.slow
 def test_the_local_cluster_listens_on_loopback_only(tmp_path, volume):
     """Scheduler, nannies, workers and dashboard of a ``--workers 2`` run: every listening socket is 127.0.0.1."""
     source, _ = volume
@@ -215,6 +218,7 @@ def test_a_cluster_started_in_process_has_its_scheduler_on_loopback():
 
 @pytest.mark.parametrize("workers", [pytest.param(["--workers", "2"], id="two-workers"),
                                      pytest.param([], id="in-process")])
+@pytest.mark.slow
 def test_ctrl_c_prints_one_line_exits_130_leaves_no_process_and_the_rerun_resumes(tmp_path, volume, workers):
     """A terminal's Ctrl-C: SIGINT to the whole foreground process group (the client and every worker)."""
     source, clean = volume

@@ -41,6 +41,7 @@ def _logged(tmp_path, name: str) -> list[str]:
     return (tmp_path / name).read_text().split()
 
 
+@pytest.mark.slow
 def test_a_first_run_measures_and_a_second_run_of_the_same_network_measures_nothing(tmp_path, source):
     # The same model (its kwargs, log path included, are part of what the cache tells apart).
     first = blockpred.predict(source, str(tmp_path / "a.zarr"), **_slow(tmp_path, "run.log"))
@@ -62,6 +63,7 @@ def test_a_first_run_measures_and_a_second_run_of_the_same_network_measures_noth
     assert plan.defaults.endswith("(cached)") and plan.plan.block_shape == first.defaults.block  # plan says the same
 
 
+@pytest.mark.slow
 def test_the_measured_defaults_predict_what_batch_1_contiguous_at_the_same_block_does(tmp_path, source):
     chosen = blockpred.predict(source, str(tmp_path / "chosen.zarr"), **_slow(tmp_path, "a.log"))
     plain = blockpred.predict(source, str(tmp_path / "plain.zarr"), block=chosen.plan.block_shape, batch_size=1,
@@ -70,6 +72,7 @@ def test_the_measured_defaults_predict_what_batch_1_contiguous_at_the_same_block
     np.testing.assert_allclose(_read(chosen.output), _read(plain.output), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("named", [dict(block=32), dict(batch_size=3), dict(memory_format="channels_last")])
 def test_a_named_block_batch_or_memory_format_is_never_measured_or_changed(tmp_path, source, named):
     summary = blockpred.predict(source, str(tmp_path / "out.zarr"), **named, **_slow(tmp_path, "run.log"))
@@ -84,6 +87,7 @@ def test_a_named_block_batch_or_memory_format_is_never_measured_or_changed(tmp_p
     assert all(getattr(summary.defaults, key) is not None for key in left_open)
 
 
+@pytest.mark.slow
 def test_the_cli_names_what_it_chose_and_a_named_option_wins(tmp_path, source, capsys):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"model": "tests.networks:logged", "halo": 10, "model_kwargs": {
@@ -109,6 +113,7 @@ def test_a_run_too_short_to_pay_is_not_measured(tmp_path):
     assert summary.batch_size == 1
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_block_the_run_started_with(tmp_path, source):
     out = str(tmp_path / "out.zarr")
     first = blockpred.predict(source, out, **_slow(tmp_path, "run.log"))

@@ -90,6 +90,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=child_env(), timeout=300)
 
 
+@pytest.mark.slow
 def test_the_command_warns_once_and_prints_the_count(tmp_path):
     source, _, missing = with_holes(tmp_path, "in.zarr/raw", {"zarr_format": 3})
     done = run(source, str(tmp_path / "out.zarr"))

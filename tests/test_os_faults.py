@@ -85,6 +85,7 @@ def test_a_disk_that_fills_while_the_output_is_made_is_one_line_and_leaves_nothi
         assert _leftovers(disk) == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_the_blocks_fails_at_once_without_retries(tmp_path, small_disk):
     disk, fill = small_disk
     source = _source(tmp_path)
@@ -99,6 +100,7 @@ def test_a_full_disk_during_the_blocks_fails_at_once_without_retries(tmp_path, s
     assert rerun.returncode == 0, rerun.stderr
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_the_pyramid_keeps_the_prediction_and_says_how_to_finish(tmp_path, small_disk):
     disk, fill = small_disk
     source = _source(tmp_path)
@@ -145,6 +147,7 @@ def test_an_input_chunk_that_does_not_decode_fails_its_blocks_at_once(tmp_path):
     assert "retrying" not in result.stderr, "a chunk that does not decode was read again"
 
 
+@pytest.mark.slow
 def test_an_output_with_more_files_than_free_inodes_is_refused_by_plan_and_run(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()

@@ -52,6 +52,7 @@ def immutable():
             subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["zarr", "n5"])
 def test_an_overwrite_that_cannot_move_the_old_output_changes_nothing(tmp_path, fmt, immutable):
     source = _source(tmp_path)
@@ -68,6 +69,7 @@ def test_an_overwrite_that_cannot_move_the_old_output_changes_nothing(tmp_path, 
     np.testing.assert_array_equal(_read(out), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["zarr", "n5"])
 def test_an_old_output_that_cannot_be_deleted_is_moved_aside_and_replaced(tmp_path, fmt, immutable):
     source = _source(tmp_path)
@@ -86,6 +88,7 @@ def test_an_old_output_that_cannot_be_deleted_is_moved_aside_and_replaced(tmp_pa
     assert not list(tmp_path.glob(f"out.{fmt}/.pred.deleting-*"))
 
 
+@pytest.mark.slow
 def test_an_hdf5_output_that_cannot_be_deleted_is_one_line_and_keeps_no_markers(tmp_path, immutable):
     source, out = _source(tmp_path), f"{tmp_path}/out.h5:/pred"
     assert run_blockpred("run", source, out, *PINNED).returncode == 0
@@ -97,6 +100,7 @@ def test_an_hdf5_output_that_cannot_be_deleted_is_one_line_and_keeps_no_markers(
     assert again.returncode == 2 and "exists; pass --overwrite" in error_line(again.stderr)
 
 
+@pytest.mark.slow
 def test_a_kill_during_the_deletion_of_an_old_output_is_never_resumed_as_finished(tmp_path):
     source = _source(tmp_path)
     out = f"{tmp_path}/out.zarr/pred"

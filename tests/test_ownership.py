@@ -63,6 +63,7 @@ def _wait_for(condition, process: subprocess.Popen, what: str, timeout_s: float 
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_live_output_exits_2_naming_the_holder_and_changes_nothing(tmp_path):
     source, out = _volume(tmp_path), str(tmp_path / "out.zarr")
     gate = tmp_path / "gate"
@@ -86,6 +87,7 @@ def test_a_second_run_on_a_live_output_exits_2_naming_the_holder_and_changes_not
     assert _read(out).dtype == np.float32 and len(DoneMarkers.open(markers_path(parse_volume_path(out))).todo_ids()) == 0
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_leave_one_owner_and_a_readable_output(tmp_path):
     """Both runs' checks pass before either writes: a network whose every pass (the dry run too) takes 0.6 s."""
     source, out = _volume(tmp_path, (32, 32, 64)), str(tmp_path / "out.zarr")
@@ -108,6 +110,7 @@ def test_two_runs_started_together_leave_one_owner_and_a_readable_output(tmp_pat
     assert rerun.returncode == 0 and "(16 already done)" in rerun.stdout
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning_and_the_run_resumes(tmp_path):
     source, out = _volume(tmp_path), str(tmp_path / "out.zarr")
     gate = tmp_path / "gate"

@@ -244,6 +244,7 @@ def test_a_pyramid_on_s3_validates_and_equals_the_same_pyramid_on_local_files(ra
         assert group[level][...].tobytes() == here[level][...].tobytes()
 
 
+@pytest.mark.slow
 def test_after_a_run_on_dask_workers_the_workers_write_the_pyramid_the_same_as_in_process(raw, tmp_path):
     source, _ = raw
     here = blockpred.predict(source, str(tmp_path / "here.zarr"), pyramid=2, **PINNED)

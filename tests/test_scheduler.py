@@ -41,6 +41,7 @@ def markers_of(output: str) -> DoneMarkers:
     return DoneMarkers.open(markers_path(parse_volume_path(output)))
 
 
+@pytest.mark.slow
 def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
     source = random_volume(tmp_path, (32, 64, 80))
     outputs = []
@@ -53,6 +54,7 @@ def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
     assert outputs[0].tobytes() == outputs[1].tobytes() == outputs[2].tobytes()
 
 
+@pytest.mark.slow
 def test_a_worker_runs_all_its_tasks_on_one_pipeline_and_frees_it_when_the_run_ends(tmp_path):
     """Tasks queue their blocks on the worker's one pipeline (no drain between tasks); the run's end frees it."""
     import threading
@@ -102,6 +104,7 @@ def _wait_for_done(output: str, count: int, process: subprocess.Popen, timeout_s
     raise TimeoutError(f"fewer than {count} blocks done after {timeout_s} s")
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path):
     source = random_volume(tmp_path, (32, 64, 64))
     clean = str(tmp_path / "clean.zarr")
@@ -135,6 +138,7 @@ def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path)
     np.testing.assert_array_equal(read_all(out), read_all(clean))
 
 
+@pytest.mark.slow
 def test_a_block_that_keeps_failing_exits_1_naming_it_and_the_rerun_computes_only_it(tmp_path, capsys):
     data = np.full((32, 32, 48), 102, dtype=np.uint8)
     data[20, 20, 36] = 255  # inside block (1, 1, 2) of 16^3 blocks, 4 voxels from its faces
@@ -169,6 +173,7 @@ def test_a_block_that_keeps_failing_exits_1_naming_it_and_the_rerun_computes_onl
         pytest.param({"model": "unet32"}, "model tiny -> unet32", id="model"),
     ],
 )
+@pytest.mark.slow
 def test_a_resume_with_other_settings_is_refused_naming_the_change(tmp_path, capsys, change, expected):
     source = random_volume(tmp_path, (16, 32, 32))
     out = str(tmp_path / "out.zarr")
@@ -200,6 +205,7 @@ def test_skip_empty_skips_uniform_blocks_and_predicts_the_others_exactly(tmp_pat
     assert not got[:, 32:].any()
 
 
+@pytest.mark.slow
 def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skipped(tmp_path):
     source = random_volume(tmp_path, (32, 64, 64), seed=4)
     mask = np.zeros((8, 16, 16), dtype=np.uint8)  # 4x downsampled
@@ -246,6 +252,7 @@ def test_an_hdf5_output_in_the_input_file_is_written_by_one_dask_worker(tmp_path
 
 
 
+@pytest.mark.slow
 def test_a_slow_worker_keeps_few_blocks_and_the_fast_one_takes_over_the_rest(tmp_path):
     source = random_volume(tmp_path, (32, 64, 64))  # 32 blocks of 16^3
     clean = str(tmp_path / "clean.zarr")
@@ -263,6 +270,7 @@ def test_a_slow_worker_keeps_few_blocks_and_the_fast_one_takes_over_the_rest(tmp
     np.testing.assert_array_equal(read_all(out), read_all(clean))
 
 
+@pytest.mark.slow
 def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
     import threading
 
@@ -313,6 +321,7 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
 
 @pytest.mark.parametrize("workers, through_dask, in_this_process", [(None, False, True), (1, True, True),
                                                                     (2, True, False)])
+@pytest.mark.slow
 def test_one_cpu_runs_in_the_client_process_and_several_workers_are_processes(tmp_path, workers, through_dask,
                                                                             in_this_process):
     """No --workers on a machine without a GPU: no dask at all; --workers 1: one dask worker in this process."""

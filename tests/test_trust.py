@@ -65,6 +65,7 @@ def test_a_config_file_cannot_trust_a_pickled_checkpoint(tmp_path, volume):
     assert not (tmp_path / "out.zarr").exists()
 
 
+@pytest.mark.slow
 def test_a_config_file_cannot_call_a_factory_the_command_line_did_not_name(tmp_path, volume):
     evidence = tmp_path / "EVIDENCE"
     config = _config(tmp_path, model="subprocess:getoutput", model_kwargs={"cmd": f"touch {evidence}"})

@@ -148,6 +148,7 @@ def _done(output: str) -> int:
     return len(markers.done_indices()) if markers is not None else 0
 
 
+@pytest.mark.slow
 def test_a_run_killed_on_s3_resumes_and_computes_only_the_missing_blocks(s3, tmp_path):
     source = write_test_volume(s3.url("in.zarr/raw"), em_volume(1, (32, 64, 64)), chunks=(16, 16, 16))
     clean = s3.url("clean.zarr/pred")

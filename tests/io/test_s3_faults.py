@@ -13,12 +13,14 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import yaml
 
 from tests.helpers import child_env, error_line, write_test_volume
 from tests.s3server import CREDENTIALS, S3Server
 
 
+@pytest.mark.slow
 def test_a_store_killed_mid_run_ends_the_run_with_one_line_naming_an_unwritten_block(tmp_path):
     server = S3Server()
     try:

@@ -80,6 +80,7 @@ def test_blockwise_output_equals_whole_volume_for_every_input_format(tmp_path, f
     assert_exact(summary.output, reference(net, data, halo=halo, downsampling=(4, 4, 4)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [3])  # batch 1: the format tests above, on a shape no block divides either
 def test_a_shape_that_divides_by_nothing_is_predicted_exactly(tmp_path, batch_size):
     data = em_like((40, 133, 101), seed=1)
@@ -93,6 +94,7 @@ def test_a_shape_that_divides_by_nothing_is_predicted_exactly(tmp_path, batch_si
     assert_exact(out, reference(net, data, halo=halo, downsampling=(4, 4, 4)))
 
 
+@pytest.mark.slow
 def test_an_anisotropic_network_is_predicted_exactly(tmp_path):
     data = em_like((20, 90, 110), seed=2)
     path = write_test_volume(str(tmp_path / "aniso.zarr"), data)
