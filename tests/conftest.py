@@ -57,3 +57,23 @@ def s3(s3_server, monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     return S3Bucket(s3_server, s3_server.create_bucket())
+
+
+@pytest.fixture
+def immutable():
+    """``immutable(path)``: ``chattr +i`` (its entries cannot change, even for root), undone after the test."""
+    import subprocess
+    from pathlib import Path
+
+    marked: list[Path] = []
+
+    def mark(path: Path) -> None:
+        result = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"chattr +i is not available here: {result.stderr.strip()}")
+        marked.append(path)
+
+    yield mark
+    for path in marked:
+        if path.exists():
+            subprocess.run(["chattr", "-i", str(path)], check=False)

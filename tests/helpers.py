@@ -99,3 +99,13 @@ def snapshot(root: str | Path) -> dict:
             if not os.path.islink(path):
                 out[os.path.relpath(path, root)] = Path(path).read_bytes()
     return out
+
+
+def assert_refused(result: subprocess.CompletedProcess, *expected: str) -> None:
+    """Exit 2 and stderr exactly one ``blockpred: error:`` line holding every ``expected`` text; no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("blockpred: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import zarr
 
 from blockpred import predict
 from blockpred.errors import InvalidOptionError
-from tests.helpers import child_env, write_test_volume
+from tests.helpers import assert_refused, run_blockpred, write_test_volume
 
 
 @pytest.fixture
@@ -49,17 +48,7 @@ def _config(tmp_path, **options) -> str:
 
 
 def _blockpred(tmp_path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "blockpred", *args, "--device", "cpu", "--no-progress"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=child_env())
-
-
-def _assert_refused(result, *expected):
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("blockpred: error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for text in expected:
-        assert text in lines[0], lines[0]
+    return run_blockpred(*args, "--device", "cpu", "--no-progress", cwd=tmp_path)
 
 
 # ---------------------------------------------------------------------- case 7: option values
@@ -69,7 +58,7 @@ def test_a_quoted_false_for_overwrite_is_refused_and_the_output_is_untouched(tmp
     before = _files(tmp_path / "out.zarr")
     config = _config(tmp_path, overwrite="false")
     result = _blockpred(tmp_path, "run", volume, existing, "--config", config)
-    _assert_refused(result, "overwrite must be true or false, got 'false' (a string)", "without quotes")
+    assert_refused(result, "overwrite must be true or false, got 'false' (a string)", "without quotes")
     assert _files(tmp_path / "out.zarr") == before
     with pytest.raises(InvalidOptionError, match="overwrite must be true or false, got 'false'"):
         predict(volume, existing, device="cpu", overwrite="false", progress=False)
@@ -86,13 +75,13 @@ def test_a_boolean_option_takes_only_true_or_false_in_the_python_api(tmp_path, v
 
 def test_a_quoted_false_for_trust_pickle_is_refused(tmp_path, volume):
     result = _blockpred(tmp_path, "run", volume, "o.zarr", "--config", _config(tmp_path, trust_pickle="false"))
-    _assert_refused(result, "trust_pickle")
+    assert_refused(result, "trust_pickle")
     assert not (tmp_path / "o.zarr").exists()
 
 
 def test_a_block_of_a_fraction_of_a_voxel_is_refused(tmp_path, volume):
     result = _blockpred(tmp_path, "run", volume, "o.zarr", "--config", _config(tmp_path, block=[16.5, 64, 64]))
-    _assert_refused(result, "block", "16.5 is not a whole number")
+    assert_refused(result, "block", "16.5 is not a whole number")
     assert not (tmp_path / "o.zarr").exists()
     with pytest.raises(InvalidOptionError, match="16.5 is not a whole number"):
         predict(volume, str(tmp_path / "o.zarr"), device="cpu", block=[16.5, 64, 64])
@@ -125,17 +114,17 @@ def test_a_block_as_large_as_a_small_volume_gets_no_warning(tmp_path, caplog):
 def test_an_abbreviated_flag_is_not_taken_for_overwrite(tmp_path, volume, existing):
     before = _files(tmp_path / "out.zarr")
     result = _blockpred(tmp_path, "run", volume, existing, "--over")
-    _assert_refused(result, "--over")
+    assert_refused(result, "--over")
     assert _files(tmp_path / "out.zarr") == before
 
 
 @pytest.mark.slow
 def test_dot_dot_in_a_dataset_path_is_refused_in_one_line(tmp_path, volume):
     result = _blockpred(tmp_path, "run", volume, "g.zarr/x/../raw2")
-    _assert_refused(result, "'..'", "without")
+    assert_refused(result, "'..'", "without")
     assert not (tmp_path / "g.zarr" / "raw2").exists() and not (tmp_path / "g.zarr" / "x").exists()
     result = _blockpred(tmp_path, "run", "g.zarr/x/../raw", "o.zarr")
-    _assert_refused(result, "'..'")
+    assert_refused(result, "'..'")
     assert not (tmp_path / "o.zarr").exists()
 
 
@@ -145,7 +134,7 @@ def test_dot_dot_in_a_dataset_path_is_refused_in_one_line(tmp_path, volume):
 def test_an_input_with_an_empty_axis_says_there_is_nothing_to_predict(tmp_path):
     zarr.create_array(str(tmp_path / "e.zarr"), name="raw", shape=(0, 64, 64), chunks=(1, 64, 64), dtype="uint8")
     result = _blockpred(tmp_path, "run", "e.zarr/raw", "o.zarr")
-    _assert_refused(result, "has shape (0, 64, 64): an empty axis; there is nothing to predict")
+    assert_refused(result, "has shape (0, 64, 64): an empty axis; there is nothing to predict")
     assert "ROI" not in result.stderr
     assert not (tmp_path / "o.zarr").exists()
 
@@ -153,5 +142,5 @@ def test_an_input_with_an_empty_axis_says_there_is_nothing_to_predict(tmp_path):
 def test_singleton_axes_of_a_5d_input_are_named(tmp_path):
     write_test_volume(str(tmp_path / "f.zarr/five"), np.zeros((1, 1, 16, 32, 32), dtype=np.uint8))
     result = _blockpred(tmp_path, "run", "f.zarr/five", "o.zarr")
-    _assert_refused(result, "axes 0, 1 have size 1", "without them, as (z, y, x)")
+    assert_refused(result, "axes 0, 1 have size 1", "without them, as (z, y, x)")
     assert not (tmp_path / "o.zarr").exists()

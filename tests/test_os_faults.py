@@ -45,21 +45,6 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(mount)], check=True)
 
 
-@pytest.fixture
-def immutable():
-    marked: list[Path] = []
-
-    def mark(path: Path) -> None:
-        result = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(f"chattr +i is not available here: {result.stderr.strip()}")
-        marked.append(path)
-
-    yield mark
-    for path in marked:
-        subprocess.run(["chattr", "-i", str(path)], check=False)
-
-
 def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name != "filler")
 

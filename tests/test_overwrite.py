@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,23 +32,6 @@ def _read(path: str) -> np.ndarray:
 def _source(tmp_path) -> str:
     data = np.random.default_rng(0).integers(0, 255, (32, 32, 64), dtype=np.uint8)
     return write_test_volume(str(tmp_path / "in.zarr/raw"), data, chunks=(16, 16, 16))
-
-
-@pytest.fixture
-def immutable():
-    """``chattr +i`` on directories (even root cannot delete their entries), undone after the test."""
-    marked: list[Path] = []
-
-    def mark(path: Path) -> None:
-        result = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(f"chattr +i is not available here: {result.stderr.strip()}")
-        marked.append(path)
-
-    yield mark
-    for path in marked:
-        if path.exists():
-            subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
 @pytest.mark.slow

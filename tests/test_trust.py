@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import yaml
 
 from blockpred import predict
 from blockpred.errors import InvalidOptionError
-from tests.helpers import child_env, write_test_volume
+from tests.helpers import assert_refused, run_blockpred, write_test_volume
 
 
 class _Evil:
@@ -42,17 +41,7 @@ def _config(tmp_path, **options) -> str:
 
 
 def _blockpred(tmp_path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "blockpred", *args], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env=child_env())
-
-
-def _assert_refused(result, *expected):
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("blockpred: error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for text in expected:
-        assert text in lines[0], lines[0]
+    return run_blockpred(*args, cwd=tmp_path)
 
 
 def test_a_config_file_cannot_trust_a_pickled_checkpoint(tmp_path, volume):
@@ -60,7 +49,7 @@ def test_a_config_file_cannot_trust_a_pickled_checkpoint(tmp_path, volume):
     torch.save({"trainer": _Evil(evidence)}, tmp_path / "evil.pt")
     config = _config(tmp_path, model="evil.pt", trust_pickle=True)
     result = _blockpred(tmp_path, "run", volume, "out.zarr", "--config", config, "--device", "cpu", "--no-progress")
-    _assert_refused(result, "trust_pickle", "run.yaml", "--trust-pickle")
+    assert_refused(result, "trust_pickle", "run.yaml", "--trust-pickle")
     assert not evidence.exists(), "the pickle's payload ran"
     assert not (tmp_path / "out.zarr").exists()
 
@@ -70,11 +59,11 @@ def test_a_config_file_cannot_call_a_factory_the_command_line_did_not_name(tmp_p
     evidence = tmp_path / "EVIDENCE"
     config = _config(tmp_path, model="subprocess:getoutput", model_kwargs={"cmd": f"touch {evidence}"})
     result = _blockpred(tmp_path, "run", volume, "out.zarr", "--config", config, "--device", "cpu", "--no-progress")
-    _assert_refused(result, "run.yaml", "'subprocess:getoutput'", "--model", "--trust-pickle")
+    assert_refused(result, "run.yaml", "'subprocess:getoutput'", "--model", "--trust-pickle")
     assert not evidence.exists(), "the factory ran"
     assert not (tmp_path / "out.zarr").exists()
     plan = _blockpred(tmp_path, "plan", volume, "--config", config, "--device", "cpu")
-    _assert_refused(plan, "'subprocess:getoutput'")
+    assert_refused(plan, "'subprocess:getoutput'")
     assert not evidence.exists(), "the factory ran under plan"
 
 
