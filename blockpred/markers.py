@@ -264,6 +264,7 @@ class DoneMarkers:
             except Exception as err:  # noqa: BLE001 - said in one line
                 text = f"the marks of {len(buffer.ids)} finished block(s) could not be written to {self.path / name} " \
                        f"({str(err).split(chr(10), 1)[0]}); the next run computes those blocks again"
+                buffer.reported = True
                 if not quiet:
                     raise RunFailedError(text) from err
                 log.warning("%s", text)
@@ -359,6 +360,8 @@ class _MarkBuffer:
         #: Held while marks are written: one write at a time, and a final flush waits for a timer's write.
         self.write_lock = threading.Lock()
         self.timer: threading.Timer | None = None
+        #: True once a failure to write these marks was reported (later failures are not said again).
+        self.reported = False
 
     def add(self, block_id: int) -> None:
         """Buffer a mark.  Never writes here: marks come from tensorstore's own callback threads, which must
@@ -394,9 +397,10 @@ class _MarkBuffer:
                     self.ids[:0] = ids  # kept for the next flush
                 if raise_errors:
                     raise
-                log.warning("writing %d done marks to %s failed (%s); kept for the next flush (blocks whose marks are "
-                            "never written are computed again by the next run)", len(ids), self.directory,
-                            str(err).split("\n", 1)[0])
+                # Said once: a run that already reported these marks lost (DoneMarkers.flush) ends on its error line.
+                say = log.debug if self.reported else log.warning
+                say("writing %d done marks to %s failed (%s); kept for the next flush (blocks whose marks are never "
+                    "written are computed again by the next run)", len(ids), self.directory, str(err).split("\n", 1)[0])
 
 
 _BUFFERS: dict[tuple[str, str, str, int], _MarkBuffer] = {}
