@@ -48,10 +48,18 @@ def read_all(path: str) -> np.ndarray:
 
 
 def start_run(source: str, output: str, *extra: str) -> subprocess.Popen:
-    """``blockpred run`` as a child in its own process group (a terminal's foreground job)."""
+    """``blockpred run`` as a child in its own process group, as a terminal's foreground job runs.
+
+    Its SIGINT is the default one even when the tests themselves run with SIGINT ignored (a background
+    job of a non-interactive shell, ``nohup``: Python then never raises KeyboardInterrupt).
+    """
     return subprocess.Popen([sys.executable, "-m", "blockpred", "run", source, output, *PINNED, "--no-progress",
                              *extra], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def worker_processes(pid: int) -> list[psutil.Process]:
