@@ -37,3 +37,24 @@ def test_read_padded_equals_numpy_pad_of_the_whole_volume(tmp_path, mode):
                 Box(Coord((-13, -13, -13)), Coord((20, 24, 18)))]:
         got = read_padded(vol, box, mode, constant=3)
         np.testing.assert_array_equal(got, padded[box.shift(pad).to_slices()])
+
+
+@pytest.fixture(scope="module")
+def two_channel_volume(tmp_path_factory):
+    data = np.random.default_rng(1).integers(0, 255, size=(2, 7, 11, 5), dtype=np.uint8)
+    vol = create_volume(str(tmp_path_factory.mktemp("pad") / "v.zarr"), spatial_shape=Coord(data.shape[1:]),
+                        num_channels=2, dtype=np.uint8, chunk_shape=Coord((4, 4, 4)), ome=False)
+    vol.write(vol.box, data)
+    return vol, data
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+@given(begin=st.tuples(*[st.integers(-20, 4)] * 3), shape=st.tuples(*[st.integers(1, 20)] * 3))
+@settings(max_examples=80, deadline=None)
+def test_any_padded_box_of_a_channel_volume_equals_numpy_pad_per_channel(two_channel_volume, mode, begin, shape):
+    vol, data = two_channel_volume
+    box = Box(Coord(begin), Coord(begin) + Coord(shape))
+    pad = 24  # more than four times the smallest axis: reflections of reflections
+    padded = np.stack([numpy_pad(c, pad, mode, 0) for c in data])
+    got = read_padded(vol, box, mode)
+    np.testing.assert_array_equal(got, padded[(slice(None),) + box.shift(pad).to_slices()])
