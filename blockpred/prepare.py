@@ -37,6 +37,7 @@ from .io import (
     identity,
     move_aside,
     moved_aside,
+    open_volume,
     parse_volume_path,
     remove_volume,
     supports_sharding,
@@ -303,7 +304,12 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     resume_block = None
     if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
-    layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure)
+    todo_share = 1.0
+    if previous is not None and not cfg.overwrite:  # a resume measures for what is left (nothing: not at all)
+        finished = previous.finished()
+        todo_share = 1.0 - float(finished.mean()) if finished.size else 1.0
+    layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
+                         todo_share=todo_share)
     plan, geometry, output = layout.plan, layout.geometry, layout.output
     warning = small_block_warning(plan, block_step(_downsampling(cfg, model), cfg.output_chunks, cfg.shards))
     if warning:
@@ -357,6 +363,14 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
         if current is None or current.token != p.previous.token:
             raise OutputExistsError(f"output {target!r} changed while this run was starting (another run wrote it); "
                                     f"run the same command again")
+        if not _opens(p.target_path):
+            if current.finished().any():
+                raise OutputExistsError(f"output {target!r} cannot be opened, but its markers say blocks of it are "
+                                        f"done; repair it, or pass --overwrite to start again")
+            # Killed while it was being created (markers first, then the volume): nothing of it is vouched for.
+            logger.warning("output %s was left half-created by a run that was cut short; creating it again", target)
+            remove_volume(p.target_path)
+            _create_sink(p, source)
         return dataclasses.replace(current, owner=owner)
     exists = volume_exists(p.target_path)
     if exists and not cfg.overwrite:
@@ -370,26 +384,41 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
         raise output_error(err, "delete the old output", target) from None
     try:
         markers = DoneMarkers.create(path, plan, p.fingerprint, p.masked)
-        sink = create_volume(
-            p.target_path,
-            spatial_shape=source.spatial_shape,
-            num_channels=p.out_channels,
-            dtype=cfg.output_dtype,
-            chunk_shape=output.chunks,
-            shard_shape=output.shards,
-            compression=cfg.compression,
-            voxel_size=source.voxel_size,
-        )
-        sink.close()
+        _create_sink(p, source)
     except Exception as err:
         _undo_create(p.target_path, path)
         if not isinstance(err, BlockpredError) and (isinstance(err, OSError) or is_permanent(err)):
             raise output_error(err, "create the output", target) from None
         raise
+    return dataclasses.replace(markers, owner=owner)
+
+
+def _create_sink(p: Prepared, source) -> None:
+    """The empty output volume of ``p`` (its markers exist already)."""
+    cfg, plan, output = p.cfg, p.layout.plan, p.layout.output
+    sink = create_volume(
+        p.target_path,
+        spatial_shape=source.spatial_shape,
+        num_channels=p.out_channels,
+        dtype=cfg.output_dtype,
+        chunk_shape=output.chunks,
+        shard_shape=output.shards,
+        compression=cfg.compression,
+        voxel_size=source.voxel_size,
+    )
+    sink.close()
     # Blocks are whole chunks (shards, for a sharded array): no two tasks ever write one chunk.
     if not plan.block_shape.is_multiple_of(sink.spatial_chunk_shape):
         raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {p.target_path}")
-    return dataclasses.replace(markers, owner=owner)
+
+
+def _opens(target: VolumePath) -> bool:
+    """Whether the volume at ``target`` opens (one being created when its run was killed may not)."""
+    try:
+        open_volume(target).close()
+    except (BlockpredError, OSError, ValueError, KeyError):
+        return False
+    return True
 
 
 def _clear(target: VolumePath, markers: Path | ObjectUrl, exists: bool) -> None:
@@ -538,7 +567,7 @@ class Layout:
 
 
 def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
-                target_path: VolumePath, measure: bool = True) -> Layout:
+                target_path: VolumePath, measure: bool = True, todo_share: float = 1.0) -> Layout:
     """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run."""
     downsampling = _downsampling(cfg, model)
     auto_block = cfg.block == "auto"
@@ -577,7 +606,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
             cfg.block is None or batch_size is None or (cfg.memory_format is None and cfg.compile == "off")):
         defaults, sizing, format_choice = _measured_defaults(
             cfg, source, roi, model, predictor, block, halo, geometry, downsampling, dry_run_s,
-            block_named=cfg.block is not None or resume_block is not None, measure=measure)
+            block_named=cfg.block is not None or resume_block is not None, measure=measure, todo_share=todo_share)
         batch_size = defaults.batch_size if defaults.batch_size is not None else batch_size
         if defaults.block is not None and defaults.block != block:
             block = defaults.block
@@ -607,15 +636,16 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
 
 def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
                        geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float, *, block_named: bool,
-                       measure: bool) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
+                       measure: bool, todo_share: float = 1.0) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
     """The block, batch and memory format the options leave open, measured within the run's budget.
 
     ``block`` is the start block the dry run took ``dry_run_s`` on; see
-    :mod:`blockpred.defaults` for when and how much is measured.
+    :mod:`blockpred.defaults` for when and how much is measured.  ``todo_share``:
+    the share of the blocks still to run (a resume), which the estimate counts.
     """
     want_block, want_batch = not block_named, cfg.batch_size is None
     want_format = cfg.memory_format is None and cfg.compile == "off"
-    blocks = blocks_per_axis(roi, block).prod()
+    blocks = blocks_per_axis(roi, block).prod() * todo_share
     in_channels = source.num_channels or 1
     shape = (1, in_channels) + tuple(geometry.input_shape)
     started = time.perf_counter()

@@ -8,6 +8,7 @@ without markers: refused without ``--overwrite``, replaced with it.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,3 +121,31 @@ def test_a_kill_during_the_deletion_of_an_old_output_is_never_resumed_as_finishe
     np.testing.assert_array_equal(_read(out), expected)
     assert markers_path(parse_volume_path(out)).exists()
     assert not list(tmp_path.glob("out.zarr/.pred.deleting-*")), "what the killed run moved aside was left behind"
+
+
+def _cut_short_during_creation(out: str) -> None:
+    """What a kill between an output's markers and its first array leaves: the OME group, no array, nothing done."""
+    shutil.rmtree(os.path.join(out, "0"))
+    for ids in (markers_path(parse_volume_path(out)) / "done").iterdir():
+        ids.unlink()
+
+
+def test_an_output_left_half_created_by_a_killed_run_is_created_again_by_the_rerun(tmp_path):
+    source, out = _source(tmp_path), str(tmp_path / "out.zarr")
+    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    expected = _read(out)
+    _cut_short_during_creation(out)
+    rerun = run_blockpred("run", source, out, *PINNED)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "half-created" in rerun.stderr and "Traceback" not in rerun.stderr
+    np.testing.assert_array_equal(_read(out), expected)
+
+
+def test_an_output_that_cannot_be_opened_but_has_done_blocks_is_refused_and_kept(tmp_path):
+    source, out = _source(tmp_path), str(tmp_path / "out.zarr")
+    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    shutil.rmtree(os.path.join(out, "0"))  # damaged by hand: its markers still vouch for every block
+    before = snapshot(tmp_path / "out.zarr.blockpred")
+    rerun = run_blockpred("run", source, out, *PINNED)
+    assert rerun.returncode == 2 and "cannot be opened" in error_line(rerun.stderr), rerun.stderr
+    assert snapshot(tmp_path / "out.zarr.blockpred") == before
