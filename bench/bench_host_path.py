@@ -1,84 +1,79 @@
-"""The host path against the storage limit: blockpred with a copy network beside tensorstore's raw read+write.
+"""The host path of the real command against the storage limit: `blockpred run` on a copy network beside tensorstore.
 
 A GPU at hundreds of Mvox/s is fed by the host: every input voxel is read and
 decompressed, every output voxel (3 channels here) compressed and written.
-This bench runs ``blockpred.predict`` (in-process, ``local=True``) with a
-network that only copies its input to 3 channels over a uint8 volume with
-uint8 output, and in the same run the storage limit: tensorstore alone reading
-the same input and writing the same output (same chunks, codec and level) with
-as many threads as the machine has cores.  Rounds alternate, so all see the
-same machine; medians are reported, with the ratio raw time / blockpred time.
+This bench runs the command a user types,
 
-Two blockpred figures, because on a machine without a GPU the "device" is the
-same CPU that reads and writes:
+    python -m blockpred run RAW OUT --model copy3.pt --halo 0,0,0 --output-dtype uint8 --overwrite --no-progress
 
-* **host path** -- what the host does when a GPU does the arithmetic: read,
-  batch, hand the output over, write, mark done.  The device's place is taken
-  by a predictor that returns the input repeated to 3 channels in uint8 (what
-  the copy network gives after the device's steps) with the one copy a GPU's
-  download makes.  This is the storage-limit ratio of the issue.
-* **CPU device** -- the same run with the copy network and the device steps
-  (normalise, crop, convert to uint8) on the CPU, competing for its cores.
+with ``copy3.pt`` a TorchScript network that copies its input to 3 channels
+(:class:`blockpred.models.standin.CopyNetwork`, scripted as a user's network
+would be), over a uint8 EM-like volume: at its defaults and at a named block
+(``--block``).  In the same run, tensorstore alone reads the same input and
+writes the same output (same metadata, every chunk rewritten) block by block
+at the command's block on as many threads as the machine has cores: the
+storage limit.  Rounds alternate, so all see the same machine; medians are
+reported, with the ratio command / limit in Mvox/s.
 
-On a CUDA machine (``--device cuda``) the host-path figure runs the real copy
-network on the GPU instead.
+The command's Mvox/s is its own summary's (output voxels over the pipeline's
+seconds: from its first block read to its last written), and its start-up
+(``started in``) and stage split (read, device, write; summed over threads)
+are its summary's ``time:`` line.  Round 0 runs with an empty size cache (the
+first run of a new user: it measures its defaults) and is reported apart.
 
-    python bench/bench_host_path.py [--shape 256,512,512] [--block 64,256,256] [--halo 0,0,0]
-                                    [--compression zstd] [--rounds 3] [--dir /tmp/blockpred-bench]
+    python bench/bench_host_path.py [--shape 256,512,512] [--block 64,256,256] [--rounds 3] [--dir /tmp/blockpred-host]
 
-The halo defaults to 0 so every side moves the same bytes; a real run also
-reads its halo (``--halo`` shows what that costs).  Output voxels are spatial
-(channels not counted), as everywhere in blockpred.
+Output voxels are spatial (channels not counted), as everywhere in blockpred.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
 
-import blockpred
 from blockpred.config import parse_shape
 from blockpred.demo import write_em_volume
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
-from blockpred.pipeline import Predictor
+from blockpred.models.standin import CopyNetwork
 
 CHANNELS = 3
+_SUMMARY = re.compile(r"predicted ([\d.]+) Mvox in (\d+) blocks.* in ([\d.]+) s \(([\d.]+) Mvox/s\)")
+_TIME = re.compile(r"started in ([\d.]+) s; stages summed over threads: read ([\d.]+) s, device ([\d.]+) s.*"
+                   r"write ([\d.]+) s")
 
 
-class CopyNetwork(torch.nn.Module):
-    """Its input, repeated to 3 channels (a view: no compute, no new memory)."""
-
-    in_channels, out_channels = 1, CHANNELS
-
-    def forward(self, x):
-        return x.expand(-1, CHANNELS, -1, -1, -1)
-
-
-class HostOnly(Predictor):
-    """The device's place taken by nothing: the raw input cropped and repeated to 3 channels, one copy.
-
-    For uint8 input normalised by 1/255 and uint8 output this is exactly what
-    :class:`CopyNetwork` and the device's steps return; the copy stands for a
-    GPU's download into host memory.
-    """
-
-    def _steps(self, raw, raw_dtype, steps):
-        y = raw if steps.crop is None else raw[(slice(None), slice(None)) + tuple(steps.crop)]
-        return y.expand(-1, CHANNELS, -1, -1, -1).contiguous(), None  # no NaN/inf count: the device's work
+def run_command(source: str, target: str, model: str, extra: list[str], cache: Path) -> dict:
+    """``blockpred run`` once, as a user types it: wall seconds and what its summary says."""
+    command = [sys.executable, "-m", "blockpred", "run", source, target, "--model", model, "--halo", "0,0,0",
+               "--output-dtype", "uint8", "--overwrite", "--no-progress", *extra]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True,
+                            env=dict(os.environ, BLOCKPRED_CACHE_DIR=str(cache)))
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
+    summary, times = _SUMMARY.search(result.stdout), _TIME.search(result.stdout)
+    chosen = next((line for line in result.stdout.splitlines() if line.startswith("chosen:")), "")
+    block = re.search(r"block (\d+)x(\d+)x(\d+)", chosen)
+    return {"wall_s": wall, "pipeline_s": float(summary.group(3)), "mvox_per_s": float(summary.group(4)),
+            "blocks": int(summary.group(2)), "started_s": float(times.group(1)),
+            "read_s": float(times.group(2)), "device_s": float(times.group(3)), "write_s": float(times.group(4)),
+            "chosen": chosen, "block": [int(v) for v in block.groups()] if block else None}
 
 
 def _tensorstore(path: str):
@@ -120,69 +115,62 @@ def main() -> None:
     parser.add_argument("--shape", default="256,512,512")
     parser.add_argument("--input-chunks", default="64,64,64")
     parser.add_argument("--input", help="an existing uint8 zarr volume instead of a new synthetic one (--shape)")
-    parser.add_argument("--block", default="64,256,256")
-    parser.add_argument("--halo", default="0,0,0")
-    parser.add_argument("--compression", default="zstd")
+    parser.add_argument("--block", default="64,256,256", help="the named block run beside the defaults")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
-    parser.add_argument("--dir", default="/tmp/blockpred-bench")
+    parser.add_argument("--dir", default="/tmp/blockpred-host")
     parser.add_argument("--json", help="write the report here too")
     args = parser.parse_args()
-    shape = parse_shape(args.shape, "shape")
-    block = parse_shape(args.block, "block")
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
-    source = args.input or str(root / "host-path-raw.zarr")
-    if args.input is None:
-        write_em_volume(source, shape, chunks=parse_shape(args.input_chunks, "input chunks"))
+    source = args.input or str(root / "host-raw.zarr")
+    if args.input is None and not Path(source).exists():
+        write_em_volume(source, parse_shape(args.shape, "shape"), chunks=parse_shape(args.input_chunks, "chunks"))
     shape = open_volume(source).spatial_shape
-    options = dict(model=CopyNetwork(), block=tuple(block), halo=args.halo, device=args.device,
-                   output_dtype="uint8", compression=args.compression, local=True, overwrite=True, progress=False)
+    model = str(root / "copy3.pt")
+    torch.jit.save(torch.jit.script(CopyNetwork(CHANNELS)), model)
+    cache = root / "cache"
+    shutil.rmtree(cache, ignore_errors=True)  # round 0 is a first run
     threads = os.cpu_count() or 1
-    host_only = args.device == "cpu"  # on a GPU the copy network's steps run there: the real run is the host path
-    modes = {"host path": host_only, "CPU device": False} if host_only else {"host path": False}
-    runs: dict[str, list[float]] = {name: [] for name in [*modes, "tensorstore"]}
-    stages: dict[str, list[dict]] = {name: [] for name in modes}
-    target, raw_target = str(root / "host-path-out.zarr"), str(root / "host-path-raw-out.zarr")
-    for round_ in range(args.rounds + 1):  # round 0 warms caches and imports, and is not counted
-        line = []
-        for name, replaced in modes.items():
-            with mock.patch("blockpred.prepare.Predictor", HostOnly) if replaced else contextlib.nullcontext():
-                summary = blockpred.predict(source, target, **options)
+    modes = {"defaults": [], f"--block {args.block}": ["--block", args.block]}
+    runs: dict[str, list[dict]] = {name: [] for name in modes}
+    limits: dict[str, list[float]] = {name: [] for name in modes}
+    first: dict[str, dict] = {}
+    target, raw_target = str(root / "host-out.zarr"), str(root / "host-raw-out.zarr")
+    for round_ in range(args.rounds + 1):
+        for name, extra in modes.items():
+            result = run_command(source, target, model, extra, cache)
+            block = Coord(result["block"]) if result["block"] else parse_shape(args.block, "block")
+            shutil.rmtree(raw_target, ignore_errors=True)
+            shutil.copytree(target, raw_target)  # the same metadata; every chunk is rewritten
+            array = raw_target + "/0" if (Path(raw_target) / "0").exists() else raw_target
+            limit_s = raw_copy(source, array, block, threads)
+            limit = shape.prod() / 1e6 / limit_s
+            print(f"round {round_} {name}: {result['mvox_per_s']:.1f} Mvox/s (pipeline {result['pipeline_s']:.2f} s, "
+                  f"wall {result['wall_s']:.2f} s, started in {result['started_s']:.2f} s; read {result['read_s']:.2f}, "
+                  f"device {result['device_s']:.2f}, write {result['write_s']:.2f} s); tensorstore at block "
+                  f"{'x'.join(map(str, block))} {limit:.1f} Mvox/s: ratio {result['mvox_per_s'] / limit:.2f}; "
+                  f"{result['chosen']}", flush=True)
             if round_ == 0:
                 check_copy(source, target)
+                first[name] = dict(result, tensorstore_mvox_per_s=round(limit, 1))
                 continue
-            s = summary.stats
-            runs[name].append(s.seconds)
-            stages[name].append({"read_s": s.read_s, "device_s": s.compute_s + s.transfer_s, "write_s": s.write_s})
-            line.append(f"{name} {s.seconds:.2f} s ({s.mvox_per_s:.1f} Mvox/s; read {s.read_s:.2f}, "
-                        f"device {s.compute_s + s.transfer_s:.2f}, write {s.write_s:.2f} s summed over threads)")
-        shutil.rmtree(raw_target, ignore_errors=True)
-        shutil.copytree(target, raw_target)  # same metadata; every chunk is rewritten
-        raw_s = raw_copy(source, raw_target + "/0", summary.plan.block_shape, threads)
-        if round_ == 0:
-            continue
-        runs["tensorstore"].append(raw_s)
-        print(f"round {round_}: " + "; ".join(line) + f"; tensorstore {raw_s:.2f} s", flush=True)
-    mvox = shape.prod() / 1e6
-    medians = {name: statistics.median(seconds) for name, seconds in runs.items()}
-    raw_s = medians["tensorstore"]
-    report = {
-        "date": date.today().isoformat(),
-        "machine": f"{platform.machine()} {platform.processor() or ''} {threads} CPUs".strip(),
-        "device": args.device,
-        "volume": list(shape), "input_chunks": args.input_chunks, "block": list(summary.plan.block_shape),
-        "halo": list(summary.plan.halo), "output_chunks": list(open_volume(target).chunk_shape),
-        "compression": args.compression, "rounds": args.rounds,
-        "tensorstore": {"seconds": round(raw_s, 3), "mvox_per_s": round(mvox / raw_s, 1),
-                        "mvox_per_s_per_core": round(mvox / raw_s / threads, 1)},
-    }
+            runs[name].append(result)
+            limits[name].append(limit)
+    report = {"date": date.today().isoformat(),
+              "machine": f"{platform.machine()} {platform.processor() or ''} {threads} CPUs".strip(),
+              "volume": list(shape), "input_chunks": args.input_chunks, "rounds": args.rounds, "first_run": first}
     for name in modes:
+        mvox = statistics.median(r["mvox_per_s"] for r in runs[name])
+        limit = statistics.median(limits[name])
+        ratios = [r["mvox_per_s"] / lim for r, lim in zip(runs[name], limits[name])]
         report[name] = {
-            "seconds": round(medians[name], 3), "mvox_per_s": round(mvox / medians[name], 1),
-            "mvox_per_s_per_core": round(mvox / medians[name] / threads, 1),
-            "ratio_to_tensorstore": round(raw_s / medians[name], 3),
-            "stages_median": {k: round(statistics.median(st[k] for st in stages[name]), 3) for k in stages[name][0]},
+            "mvox_per_s": round(mvox, 1), "tensorstore_mvox_per_s": round(limit, 1),
+            "ratio_median": round(statistics.median(ratios), 3),
+            "started_s": round(statistics.median(r["started_s"] for r in runs[name]), 2),
+            "wall_s": round(statistics.median(r["wall_s"] for r in runs[name]), 2),
+            "stages_s": {k: round(statistics.median(r[k] for r in runs[name]), 2)
+                         for k in ("read_s", "device_s", "write_s")},
+            "chosen": runs[name][-1]["chosen"],
         }
     print(json.dumps(report, indent=2))
     if args.json:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,17 @@ class PredictionSummary:
     pyramid: "PyramidSummary | None" = None
     #: The output's dtype (what NaN and inf became depends on it).
     output_dtype: str = "float32"
+    #: Wall-clock times (``time.time()``): the run's start (``predict`` called; the process's start for the
+    #: command) and the pipeline's (its first block read).  None when not known.
+    start_time: float | None = None
+    pipeline_time: float | None = None
+
+    @property
+    def started_s(self) -> float | None:
+        """Seconds from the run's start to its first block: start-up (imports, model, dry run, measuring)."""
+        if self.start_time is None or self.pipeline_time is None:
+            return None
+        return max(0.0, self.pipeline_time - self.start_time)
 
     @property
     def mvox_per_s(self) -> float:
@@ -90,6 +102,11 @@ class PredictionSummary:
         recovery = s.recovery_note(self.batch_size)
         if recovery:
             lines.append(recovery)
+        if s.num_blocks:
+            started = f"started in {self.started_s:.2f} s; " if self.started_s is not None else ""
+            device = f"device {s.compute_s:.2f} s" + (f", transfer {s.transfer_s:.2f} s" if s.transfer_s else "")
+            lines.append(f"time: {started}stages summed over threads: read {s.read_s:.2f} s, {device}, "
+                         f"write {s.write_s:.2f} s")
         lines.append(
             f"predicted {s.num_voxels / 1e6:.1f} Mvox in {s.num_blocks} blocks{more} in {s.seconds:.2f} s "
             f"({s.mvox_per_s:.2f} Mvox/s) with {self.model} on {self.device} -> {self.output}"
@@ -121,6 +138,7 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     workers start while this process loads the model and does its dry run;
     the cluster is closed when ``predict`` returns or raises.
     """
+    start_time = time.time()
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
     cluster = None
     lock_at = lock_path(markers_path(target_path))
@@ -146,12 +164,13 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster)
+        pipeline_time = time.time() - summary.stats.seconds
         pyramid = _pyramid(cfg, job.target, summary, cluster) if cfg.pyramid else None
     _record_throughput(p, summary)
     for warning in summary.warnings():  # one line each, after the run (the summary repeats them)
         logger.warning("%s", warning)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
-                               pyramid=pyramid)
+                               pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,

@@ -12,7 +12,12 @@ On CUDA, :meth:`Predictor.submit` only enqueues these steps on three streams
 and returns a :class:`Pending`; a caller that submits batch n+1 before it
 collects batch n gets the upload of n+1, the network on n and the download of
 n-1 running at once.  Pinned buffers come from a pool and are reused.  On the
-CPU the same steps run at once, in the caller's thread, with the same numbers.
+CPU the same steps run the same way on three threads, with the same numbers:
+the normalisation in the caller's thread, the network on one thread of the
+predictor's, and the steps after it (crop, count, convert) on another, so a
+network that leaves the host's cores free (a stand-in device, a remote
+accelerator) runs back to back while the host prepares and converts the
+batches around it.
 
 NaN and inf.  A conversion to uint8 turns NaN into 0 and inf into 255 (or 0),
 so the network's output is checked before it: when the steps name the boxes
@@ -33,6 +38,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
@@ -214,6 +220,8 @@ class Predictor:
         if compile != "off":
             self._forward = torch.compile(self.module, mode=None if compile == "default" else compile, dynamic=False)
         self._cuda = device.type == "cuda"
+        #: On the CPU, the network's thread and the thread of the steps after it (made at the first batch).
+        self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         if self._cuda:
             allow_tf32 = precision == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
@@ -245,15 +253,11 @@ class Predictor:
     def submit(self, blocks: Sequence[np.ndarray], steps: DeviceSteps = DeviceSteps()) -> Pending:
         """Start the batch of ``blocks`` (each (C, Z, Y, X), raw dtype, all one shape).
 
-        Errors of the network (out of memory included) are raised here.
+        Errors of the network (out of memory included) are raised here or by
+        :meth:`Pending.result` (on the CPU the network runs on its own thread).
         """
         if not self._cuda:
-            start = time.perf_counter()
-            raw = torch.from_numpy(_upload_form(blocks[0])[np.newaxis] if len(blocks) == 1 else
-                                   np.stack([_upload_form(b) for b in blocks]))  # one block: no copy
-            values, counts = self._steps(raw, blocks[0].dtype, steps)
-            return Pending(values.numpy(), compute_s=time.perf_counter() - start,
-                           nonfinite=None if counts is None else counts.numpy())
+            return self._submit_cpu(blocks, steps)
         return self._submit_cuda(blocks, steps)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
@@ -280,8 +284,11 @@ class Predictor:
         Returns the converted values and, when ``steps.counted`` names boxes, the
         int64 NaN/inf count per block (on the device).
         """
+        return self._after(self.forward(self._normalized(raw, raw_dtype, steps)), steps)
+
+    def _after(self, out: torch.Tensor, steps: DeviceSteps) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The steps after the network: crop, count NaN/inf, keep channels and convert (see :meth:`_steps`)."""
         with torch.inference_mode():
-            out = self.forward(self._normalized(raw, raw_dtype, steps))
             y = out
             channels = range(y.shape[1]) if steps.channels is None else steps.channels
             if steps.crop is not None:
@@ -320,17 +327,20 @@ class Predictor:
         """``raw`` as float32, ``x * scale + offset``, slab by slab on the CPU (see :meth:`_slabs`)."""
         if raw.dtype == torch.float32 and steps.scale == 1.0 and steps.offset == 0.0:
             return raw
-        x = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
-        for b, c, z in self._slabs(raw.shape):
-            index = (b, c, z) if c is not None else (Ellipsis,)
-            source, target = raw[index], x[index]
-            if raw_dtype == np.uint16:  # uploaded as its int16 bits
-                source = source.to(torch.int32).bitwise_and_(0xFFFF)
-            target.copy_(source)
-            if steps.scale != 1.0:
-                target.mul_(steps.scale)
-            if steps.offset != 0.0:
-                target.add_(steps.offset)
+        with torch.inference_mode():
+            x = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
+            scale = torch.tensor(steps.scale, dtype=torch.float32, device=raw.device)
+            for b, c, z in self._slabs(raw.shape):
+                index = (b, c, z) if c is not None else (Ellipsis,)
+                source, target = raw[index], x[index]
+                if raw_dtype == np.uint16:  # uploaded as its int16 bits
+                    source = source.to(torch.int32).bitwise_and_(0xFFFF)
+                if steps.scale != 1.0:  # converted and scaled in one pass (float32 x float32, as copy then mul_)
+                    torch.mul(source, scale, out=target)
+                else:
+                    target.copy_(source)
+                if steps.offset != 0.0:
+                    target.add_(steps.offset)
         return x
 
     def _slabs(self, shape: tuple[int, ...]) -> Iterator[tuple[int | None, int | None, slice]]:
@@ -350,6 +360,31 @@ class Predictor:
             for c in range(shape[1]):
                 for z in range(0, depth, step):
                     yield b, c, slice(z, z + step)
+
+    def _submit_cpu(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
+        """Normalise here, then the network and the steps after it each on a thread of their own (in order)."""
+        start = time.perf_counter()
+        raw = torch.from_numpy(_upload_form(blocks[0])[np.newaxis] if len(blocks) == 1 else
+                               np.stack([_upload_form(b) for b in blocks]))  # one block: no copy
+        x = self._normalized(raw, blocks[0].dtype, steps)
+        before_s = time.perf_counter() - start
+        if self._threads is None:
+            self._threads = (ThreadPoolExecutor(1, thread_name_prefix="blockpred-network"),
+                             ThreadPoolExecutor(1, thread_name_prefix="blockpred-after"))
+        network = self._threads[0].submit(_timed, self.forward, x)
+        after = self._threads[1].submit(self._after_network, network, steps)
+
+        def finish() -> tuple[np.ndarray, float, float, np.ndarray | None]:
+            values, counts, seconds = after.result()
+            return values.numpy(), before_s + seconds, 0.0, None if counts is None else counts.numpy()
+
+        return Pending(_finish=finish)
+
+    def _after_network(self, network: Future, steps: DeviceSteps) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        out, network_s = network.result()  # the network's error, if any, is the batch's
+        start = time.perf_counter()
+        values, counts = self._after(out, steps)
+        return values, counts, network_s + time.perf_counter() - start
 
     def _submit_cuda(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
         first = _upload_form(blocks[0])
@@ -424,6 +459,12 @@ def _count_in_slab(slab: torch.Tensor, z_begin: int, box: tuple[slice, ...]) -> 
         return 0
     region = slab[(z,) + tuple(box[1:])]
     return region.numel() - int(torch.isfinite(region).sum())
+
+
+def _timed(function, *args):
+    """``function(*args)`` and the seconds it took."""
+    start = time.perf_counter()
+    return function(*args), time.perf_counter() - start
 
 
 def _as_tensor(result) -> torch.Tensor:

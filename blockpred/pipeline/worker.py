@@ -301,9 +301,11 @@ def _usable(reads, failed, on_block_skipped, stats) -> Iterator[tuple[Block, np.
 class _DeviceFeed:
     """Batches read blocks onto the device, one batch in flight, and hands results to the writer.
 
-    Out of memory puts the batch back at the head of the queue after the
-    back-off has shrunk the batch or the block parts; any other error fails
-    the batch's blocks.  Nothing of a batch is written before all of it is back.
+    Out of memory, whether the submission or the result raises it, puts the
+    batch back at the head of the queue after the back-off has shrunk the batch
+    or the block parts (once: a batch launched before the shrink and failing
+    after it only goes back); any other error fails the batch's blocks.
+    Nothing of a batch is written before all of it is back.
     """
 
     def __init__(self, predictor: Predictor, settings: PipelineSettings, backoff: Backoff, writer: BlockWriter,
@@ -311,7 +313,9 @@ class _DeviceFeed:
         self._predictor, self._settings, self._backoff = predictor, settings, backoff
         self._writer, self._failed, self._stats = writer, failed, stats
         self._queue: deque[tuple[Block, np.ndarray]] = deque()
-        self._in_flight: tuple[list[tuple[Block, np.ndarray]], Pending] | None = None
+        #: The batch on the device, its result to come, and the back-off's sizes when it was launched.
+        self._in_flight: tuple[list[tuple[Block, np.ndarray]], Pending, tuple] | None = None
+        self._closing = False
 
     def add(self, item: tuple[Block, np.ndarray]) -> None:
         self._queue.append(item)
@@ -319,12 +323,15 @@ class _DeviceFeed:
             self._launch()
 
     def flush(self) -> None:
-        while self._queue:
-            self._launch()
-        self._collect()
+        while self._queue or self._in_flight is not None:
+            if self._queue:
+                self._launch()
+            else:
+                self._collect()
 
     def close(self) -> None:
-        """Collect what is in flight (finished results are written, never dropped)."""
+        """Collect what is in flight (finished results are written, never dropped; nothing is launched)."""
+        self._closing = True
         self._collect()
 
     def _steps(self, blocks: list[Block], data: np.ndarray, part: Box | None = None) -> DeviceSteps:
@@ -350,27 +357,25 @@ class _DeviceFeed:
                 self._in_parts(*item)
             return
         block, data = items[0]
+        sizes = self._sizes()
         try:
             pending = self._predictor.submit([d for _, d in items], self._steps([b for b, _ in items], data))
         except Exception as err:  # noqa: BLE001 - out of memory shrinks and retries; the rest fails the batch
             self._collect()
-            if self._shrink(err, block):
-                self._queue.extendleft(reversed(items))
-            else:
-                self._fail(items, err)
+            self._retry_or_fail(items, err, sizes)
             return
         self._collect()
-        self._in_flight = (items, pending)
+        self._in_flight = (items, pending, sizes)
 
     def _collect(self) -> None:
         if self._in_flight is None:
             return
-        items, pending = self._in_flight
+        items, pending, sizes = self._in_flight
         self._in_flight = None
         try:
             values = pending.result()
-        except Exception as err:  # noqa: BLE001 - reported per block
-            self._fail(items, err)
+        except Exception as err:  # noqa: BLE001 - out of memory shrinks and retries; the rest fails the batch
+            self._retry_or_fail(items, err, sizes, retry=not self._closing)
             return
         self._stats.add("compute_s", pending.compute_s)
         self._stats.add("transfer_s", pending.transfer_s)
@@ -408,6 +413,19 @@ class _DeviceFeed:
             self._stats.add_nonfinite([nonfinite])
             self._write(block, assembled)
             return
+
+    def _sizes(self) -> tuple[int, Coord]:
+        return self._backoff.batch_size, self._backoff.parts
+
+    def _retry_or_fail(self, items: list[tuple[Block, np.ndarray]], error: Exception, launched: tuple[int, Coord],
+                       *, retry: bool = True) -> None:
+        """A batch launched at sizes ``launched`` failed: out of memory puts it back (smaller), the rest fails it."""
+        if retry and is_out_of_memory(error) and self._sizes() != launched:
+            self._queue.extendleft(reversed(items))  # already shrunk since it was launched: it only goes back
+        elif retry and self._shrink(error, items[0][0]):
+            self._queue.extendleft(reversed(items))
+        else:
+            self._fail(items, error)
 
     def _shrink(self, error: Exception, block: Block) -> bool:
         """After an out-of-memory error: free the device's cache and shrink; False if it cannot help."""
