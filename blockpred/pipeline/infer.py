@@ -34,13 +34,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -48,6 +47,7 @@ import torch
 from ..config import COMPILE_MODES, MEMORY_FORMATS
 from ..errors import InvalidOptionError
 from ..hostmem import keep_freed_memory
+from . import cpu_steps
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,6 @@ _CAST_ONCE = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTr
 _UPLOADED = {np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "float16", "float32")}
 _TORCH_OUTPUT_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float16"): torch.float16,
                         np.dtype("uint8"): torch.uint8}
-#: Elements per piece of the elementwise steps on the CPU: 1 MB of float32, a core's cache.
-_CPU_SLAB_ELEMENTS = 1 << 18
 
 
 def resolve_device(name: str) -> torch.device:
@@ -279,94 +277,50 @@ class Predictor:
 
     def _steps(self, raw: torch.Tensor, raw_dtype: np.dtype,
                steps: DeviceSteps) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Normalise, run the network, crop, count NaN/inf and convert: everything on the device, out of place.
+        """On CUDA: normalise, run the network, crop, count NaN/inf and convert, out of place, on the device.
 
         Returns the converted values and, when ``steps.counted`` names boxes, the
         int64 NaN/inf count per block (on the device).
         """
-        return self._after(self.forward(self._normalized(raw, raw_dtype, steps)), steps)
-
-    def _after(self, out: torch.Tensor, steps: DeviceSteps) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The steps after the network: crop, count NaN/inf, keep channels and convert (see :meth:`_steps`)."""
         with torch.inference_mode():
-            y = out
+            x = raw
+            if raw_dtype == np.uint16:  # uploaded as its int16 bits
+                x = x.to(torch.int32).bitwise_and_(0xFFFF)
+            if x.dtype != torch.float32 or steps.scale != 1.0 or steps.offset != 0.0:
+                x = x.to(torch.float32)
+                if steps.scale != 1.0:
+                    x.mul_(steps.scale)
+                if steps.offset != 0.0:
+                    x.add_(steps.offset)
+            y = self.forward(x)
             channels = range(y.shape[1]) if steps.channels is None else steps.channels
             if steps.crop is not None:
                 y = y[(slice(None), slice(None)) + tuple(steps.crop)]
-            counts = boxes = None
+            counts = None
             if steps.counted is not None:
                 counts = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
-                boxes = [tuple(slice(*s.indices(n)[:2]) for s, n in zip(box, y.shape[2:]))
-                         for box in steps.counted]
+                _count_nonfinite(y if steps.channels is None else y[:, list(channels)],
+                                 _explicit(steps.counted, y.shape[2:]), counts)
             if steps.channels is None and steps.crop is None and y.dtype == torch.float32 \
                     and steps.output_dtype == np.float32:
-                if counts is not None:
-                    _count_nonfinite(y, boxes, counts)
                 # Nothing to convert: the network's own output (a copy if CUDA graphs will reuse its buffer).
                 return (y.clone() if self.compile == "reduce-overhead" else y), counts
-            result = torch.empty((y.shape[0], len(channels)) + tuple(y.shape[2:]), device=y.device,
-                                 dtype=_TORCH_OUTPUT_DTYPES[np.dtype(steps.output_dtype)])
-            for b, c, z in self._slabs(result.shape):
-                if c is None:  # the whole batch at once
-                    source, target = (y if steps.channels is None else y[:, list(channels)]), result
-                    if counts is not None:
-                        _count_nonfinite(source, boxes, counts)
-                else:
-                    source, target = y[b, channels[c], z], result[b, c, z]
-                    # One sum per slab, while it is in the cache: finite only when every value is.
-                    if counts is not None and not math.isfinite(source.sum(dtype=torch.float32).item()):
-                        counts[b] += _count_in_slab(source, z.start, boxes[b])
-                if steps.output_dtype == np.uint8:
-                    source = torch.clamp(source.float(), 0.0, 1.0).mul_(255.0).round_()
-                    if not self._cuda:
-                        source = source.to(torch.int32)  # torch's CPU cast float -> uint8 is 2x slower than via int32
-                target.copy_(source)
+            source = y if steps.channels is None else y[:, list(channels)]
+            if steps.output_dtype == np.uint8:
+                source = torch.clamp(source.float(), 0.0, 1.0).mul_(255.0).round_()
+            result = torch.empty(source.shape, device=y.device, dtype=_TORCH_OUTPUT_DTYPES[np.dtype(steps.output_dtype)])
+            result.copy_(source)
             return result, counts
 
-    def _normalized(self, raw: torch.Tensor, raw_dtype: np.dtype, steps: DeviceSteps) -> torch.Tensor:
-        """``raw`` as float32, ``x * scale + offset``, slab by slab on the CPU (see :meth:`_slabs`)."""
-        if raw.dtype == torch.float32 and steps.scale == 1.0 and steps.offset == 0.0:
-            return raw
-        with torch.inference_mode():
-            x = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
-            scale = torch.tensor(steps.scale, dtype=torch.float32, device=raw.device)
-            for b, c, z in self._slabs(raw.shape):
-                index = (b, c, z) if c is not None else (Ellipsis,)
-                source, target = raw[index], x[index]
-                if raw_dtype == np.uint16:  # uploaded as its int16 bits
-                    source = source.to(torch.int32).bitwise_and_(0xFFFF)
-                if steps.scale != 1.0:  # converted and scaled in one pass (float32 x float32, as copy then mul_)
-                    torch.mul(source, scale, out=target)
-                else:
-                    target.copy_(source)
-                if steps.offset != 0.0:
-                    target.add_(steps.offset)
-        return x
-
-    def _slabs(self, shape: tuple[int, ...]) -> Iterator[tuple[int | None, int | None, slice]]:
-        """(b, c, z-range) pieces of a (B, C, Z, Y, X) tensor for elementwise steps, or one whole piece.
-
-        On the CPU, steps over a whole block pass many megabytes through memory
-        per operation; in pieces of about :data:`_CPU_SLAB_ELEMENTS` each piece
-        stays in the core's cache for all its operations (about 4x faster on
-        uint8 output).  On CUDA the whole tensor is one piece (``(None, None, :)``).
-        """
-        if self._cuda:
-            yield None, None, slice(None)
-            return
-        depth, plane = shape[2], max(1, math.prod(shape[3:]))
-        step = max(1, _CPU_SLAB_ELEMENTS // plane)
-        for b in range(shape[0]):
-            for c in range(shape[1]):
-                for z in range(0, depth, step):
-                    yield b, c, slice(z, z + step)
-
     def _submit_cpu(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
-        """Normalise here, then the network and the steps after it each on a thread of their own (in order)."""
+        """Normalise here, then the network and the steps after it each on a thread of their own (in order).
+
+        The steps are numpy's (see :mod:`.cpu_steps`); the network gets a
+        tensor over the normalised array, without a copy.
+        """
         start = time.perf_counter()
-        raw = torch.from_numpy(_upload_form(blocks[0])[np.newaxis] if len(blocks) == 1 else
-                               np.stack([_upload_form(b) for b in blocks]))  # one block: no copy
-        x = self._normalized(raw, blocks[0].dtype, steps)
+        raw = blocks[0][np.newaxis] if len(blocks) == 1 else np.stack(blocks)  # one block: no copy
+        x = torch.from_numpy(cpu_steps.normalized(raw, steps.scale, steps.offset))
         before_s = time.perf_counter() - start
         if self._threads is None:
             self._threads = (ThreadPoolExecutor(1, thread_name_prefix="blockpred-network"),
@@ -376,15 +330,21 @@ class Predictor:
 
         def finish() -> tuple[np.ndarray, float, float, np.ndarray | None]:
             values, counts, seconds = after.result()
-            return values.numpy(), before_s + seconds, 0.0, None if counts is None else counts.numpy()
+            return values, before_s + seconds, 0.0, counts
 
         return Pending(_finish=finish)
 
-    def _after_network(self, network: Future, steps: DeviceSteps) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    def _after_network(self, network: Future, steps: DeviceSteps) -> tuple[np.ndarray, np.ndarray | None, float]:
         out, network_s = network.result()  # the network's error, if any, is the batch's
         start = time.perf_counter()
-        values, counts = self._after(out, steps)
-        return values, counts, network_s + time.perf_counter() - start
+        with torch.inference_mode():
+            values = (out if out.dtype == torch.float32 else out.float()).numpy()
+        crop = None if steps.crop is None else tuple(steps.crop)
+        cropped = values.shape[2:] if crop is None else values[(0, 0) + crop].shape
+        counted = None if steps.counted is None else _explicit(steps.counted, cropped)
+        result, counts = cpu_steps.after_network(values, crop=crop, channels=steps.channels,
+                                                 output_dtype=steps.output_dtype, counted=counted)
+        return result, counts, network_s + time.perf_counter() - start
 
     def _submit_cuda(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
         first = _upload_form(blocks[0])
@@ -448,17 +408,9 @@ def _count_nonfinite(values: torch.Tensor, boxes: Sequence[tuple[slice, ...]], c
         counts[i] += region.numel() - region.sum()
 
 
-def _count_in_slab(slab: torch.Tensor, z_begin: int, box: tuple[slice, ...]) -> int:
-    """The NaN and inf values of ``slab`` (one block's z-range from ``z_begin``, one channel) inside ``box``.
-
-    ``box`` has explicit bounds (``slice(begin, end)``) in the coordinates of the whole block.
-    """
-    depth = slab.shape[0]
-    z = slice(max(box[0].start, z_begin) - z_begin, min(box[0].stop, z_begin + depth) - z_begin)
-    if z.stop <= z.start:
-        return 0
-    region = slab[(z,) + tuple(box[1:])]
-    return region.numel() - int(torch.isfinite(region).sum())
+def _explicit(boxes: Sequence[tuple[slice, ...]], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:
+    """``boxes`` (slices that may be open, in a frame of ``shape``) with explicit begin and end."""
+    return [tuple(slice(*s.indices(n)[:2]) for s, n in zip(box, shape)) for box in boxes]
 
 
 def _timed(function, *args):

@@ -17,8 +17,10 @@ class Identity(torch.nn.Module):
         return x
 
 
-#: A block the CPU steps cut into several slabs per channel (see Predictor._slabs), and a small one.
-SHAPES = [pytest.param((1, 6, 7, 8), id="one-slab"), pytest.param((1, 50, 96, 100), id="slabs")]
+#: A small block, one the CPU steps cut into several slabs per channel, and one whose planes they cut into rows
+#: (see blockpred.pipeline.cpu_steps.slabs).
+SHAPES = [pytest.param((1, 6, 7, 8), id="one-slab"), pytest.param((1, 50, 96, 100), id="slabs"),
+          pytest.param((1, 3, 300, 1000), id="rows")]
 
 
 def raw_block(dtype, rng, shape=(1, 6, 7, 8)):

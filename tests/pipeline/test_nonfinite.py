@@ -49,7 +49,8 @@ def nonfinite_lines(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("shape", [pytest.param((1, 10, 12, 14), id="one-slab"),
-                                   pytest.param((1, 60, 96, 100), id="slabs")])
+                                   pytest.param((1, 60, 96, 100), id="slabs"),
+                                   pytest.param((1, 8, 300, 1000), id="rows-of-planes-larger-than-a-slab")])
 @pytest.mark.parametrize("output_dtype", ["float32", "uint8"])
 def test_the_device_counts_nan_and_inf_per_block_only_inside_each_blocks_counted_box(shape, output_dtype):
     rng = np.random.default_rng(5)
