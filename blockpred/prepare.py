@@ -61,6 +61,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_BLOCK = Coord((64, 64, 64))
 #: Halo for a 'same' network that states none.
 DEFAULT_HALO = Coord((8, 8, 8))
+#: Start block of a network that reads no halo and no context (pointwise: a copy, a threshold, a stand-in):
+#: no block wastes any halo, so the larger block pays its per-block costs (reads, writes, markers) 16x less
+#: often (the copy network's command: 64^3 ran at 0.6 of this block's Mvox/s).
+ZERO_HALO_BLOCK = Coord((64, 256, 256))
 
 
 def default_output_path(source: VolumePath) -> VolumePath:
@@ -600,6 +604,14 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         halo = Coord((0, 0, 0))
         started = time.perf_counter()
         geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+    if (start_block is None and model.default_block is None and halo == Coord((0, 0, 0))
+            and geometry.context == Coord((0, 0, 0)) and not searching):
+        larger = _choose_block(cfg.replace(block=ZERO_HALO_BLOCK), None, downsampling, roi.shape)
+        if larger != block:  # nothing to waste in halos: the block that pays its per-block costs least often
+            block = larger
+            started = time.perf_counter()
+            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+                                     downsampling=downsampling)
     dry_run_s = time.perf_counter() - started
     batch_size, sizing, defaults, format_choice = cfg.batch_size, None, None, None
     if not searching and batch_size != "auto" and (

@@ -147,3 +147,23 @@ def test_the_quick_search_starts_no_trial_it_foresees_ending_past_its_time():
     # 24^3 takes 0.14 s, 40^3 0.64 s; 72^3 would take 3.7 s more: not started.
     assert tried == [Coord((16, 16, 16)), Coord((32, 32, 32))]
     assert choice.block == Coord((32, 32, 32))
+
+
+def test_a_network_with_no_halo_starts_at_a_block_that_amortises_per_block_costs(tmp_path):
+    """The copy network's command at 64^3 ran at 0.6 of its Mvox/s at 64x256x256 (bench/bench_host_path.py):
+    with nothing wasted in halos the larger block is never slower, and it is what the defaults choose."""
+    data = np.random.default_rng(5).integers(0, 255, (64, 256, 256), dtype=np.uint8)
+    source = write_test_volume(str(tmp_path / "in.zarr"), data, chunks=(64, 64, 64))
+    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), model="blockpred.models.standin:copy",
+                                halo=0, output_dtype="uint8", progress=False)
+    assert summary.plan.block_shape == Coord((64, 256, 256)) and summary.stats.num_blocks == 1
+    out = _read(str(tmp_path / "out.zarr"))
+    assert out.shape == (3, 64, 256, 256) and all(np.array_equal(channel, data) for channel in out)
+
+
+def test_a_network_with_a_halo_keeps_the_start_block_when_the_run_is_too_short_to_measure(tmp_path):
+    data = np.random.default_rng(5).integers(0, 255, (64, 128, 128), dtype=np.uint8)
+    source = write_test_volume(str(tmp_path / "in.zarr"), data, chunks=(64, 64, 64))
+    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), model="blockpred.models.standin:copy",
+                                halo=4, output_dtype="uint8", progress=False)
+    assert summary.plan.block_shape == Coord((64, 64, 64))
