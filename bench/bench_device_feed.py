@@ -31,44 +31,29 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
-import subprocess
-import sys
-import time
 from datetime import date
 from pathlib import Path
 
 from blockpred.config import parse_shape
 from blockpred.demo import write_em_volume
 from blockpred.geometry import Coord
+from command import run_blockpred
 
 
 def run(source: str, output: str, args: argparse.Namespace, workers: int, cache: Path) -> dict:
-    """The whole command once: wall seconds and what its summary says."""
-    command = [sys.executable, "-m", "blockpred", "run", source, output, "--model", "blockpred.models.standin:device",
-               "--halo", args.halo, "--output-dtype", "uint8", "--overwrite", "--no-progress"]
+    """The whole command once around the stand-in (see :func:`command.run_blockpred`)."""
+    extra = ["--model", "blockpred.models.standin:device", "--halo", args.halo, "--output-dtype", "uint8",
+             "--overwrite", "--no-progress"]
     if args.block != "default":
-        command += ["--block", args.block]
+        extra += ["--block", args.block]
     if workers:
-        command += ["--workers", str(workers)]
+        extra += ["--workers", str(workers)]
     if args.rate != 60.0:
         config = cache / "rate.yaml"
         config.write_text(f"model_kwargs: {{rate_mvox_per_s: {args.rate}}}\n")
-        command += ["--config", str(config)]
-    env = dict(os.environ, BLOCKPRED_CACHE_DIR=str(cache))
-    start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
-    out = result.stdout
-    summary = re.search(r"predicted ([\d.]+) Mvox in (\d+) blocks.* in ([\d.]+) s \(([\d.]+) Mvox/s\)", out)
-    started = re.search(r"started in ([\d.]+) s", out)
-    chosen = next((line for line in out.splitlines() if line.startswith("chosen:")), "")
-    return {"wall_s": wall, "mvox": float(summary.group(1)), "blocks": int(summary.group(2)),
-            "pipeline_s": float(summary.group(3)), "summary_mvox_per_s": float(summary.group(4)),
-            "started_s": float(started.group(1)) if started else None, "chosen": chosen}
+        extra += ["--config", str(config)]
+    return run_blockpred([source, output, *extra], cache)
 
 
 def main() -> None:
@@ -105,12 +90,12 @@ def main() -> None:
                 if round_:
                     runs[name].append(result)
                 print(f"{label} round {round_} {name}: {result['wall_s']:.2f} s wall, pipeline "
-                      f"{result['pipeline_s']:.2f} s ({result['summary_mvox_per_s']:.1f} Mvox/s), started in "
-                      f"{result['started_s']} s; {result['chosen']}", flush=True)
+                      f"{result['pipeline_s']:.2f} s ({result['mvox_per_s']:.1f} Mvox/s), started in "
+                      f"{result['started_s']:.2f} s; {result['chosen']}", flush=True)
         t = {name: statistics.median(r["wall_s"] for r in rs) for name, rs in runs.items()}
         blocks, mvox = runs["N"][0]["blocks"], runs["N"][0]["mvox"]
         core = mvox * 1e6 / blocks  # counted voxels per block (the volume is a multiple of the block)
-        halo, block_shape = parse_shape(args.halo, "halo"), Coord(round(v) for v in _block_of(runs, args, shape))
+        halo, block_shape = parse_shape(args.halo, "halo"), _block_of(runs, args)
         device_counted = args.rate * core / (block_shape + halo * 2).prod() * max(1, workers)
         marginal = 3 * mvox / (t["4N"] - t["N"])
         pipe = {name: statistics.median(r["pipeline_s"] for r in rs) for name, rs in runs.items()}
@@ -122,7 +107,7 @@ def main() -> None:
             "pipeline_s_N": round(pipe["N"], 2), "pipeline_s_4N": round(pipe["4N"], 2),
             "marginal_pipeline_mvox_per_s": round(marginal_pipeline, 2),
             "efficiency_pipeline": round(marginal_pipeline / device_counted, 3),
-            "started_s": statistics.median(r["started_s"] for r in runs["N"]) if runs["N"][0]["started_s"] else None,
+            "started_s": statistics.median(r["started_s"] for r in runs["N"]),
             "chosen": runs["N"][0]["chosen"],
         }
         print(f"{label}: marginal {marginal:.2f} Mvox/s against the device's {device_counted:.2f}: "
@@ -136,14 +121,13 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(report, indent=2))
 
 
-def _block_of(runs: dict, args: argparse.Namespace, shape: Coord) -> Coord:
+def _block_of(runs: dict, args: argparse.Namespace) -> Coord:
     """The block the runs used: the one named, or the one the defaults chose (from its ``chosen:`` line)."""
     if args.block != "default":
         return parse_shape(args.block, "block")
-    match = re.search(r"block (\d+)x(\d+)x(\d+)", runs["N"][0]["chosen"])
-    if match is None:
+    if runs["N"][0]["block"] is None:
         raise SystemExit(f"cannot tell the block the defaults chose from {runs['N'][0]['chosen']!r}")
-    return Coord(int(v) for v in match.groups())
+    return Coord(runs["N"][0]["block"])
 
 
 if __name__ == "__main__":

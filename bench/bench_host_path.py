@@ -32,11 +32,8 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
@@ -50,30 +47,13 @@ from blockpred.demo import write_em_volume
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
 from blockpred.models.standin import CopyNetwork
+from command import run_blockpred
 
 CHANNELS = 3
-_SUMMARY = re.compile(r"predicted ([\d.]+) Mvox in (\d+) blocks.* in ([\d.]+) s \(([\d.]+) Mvox/s\)")
-_TIME = re.compile(r"started in ([\d.]+) s; stages summed over threads: read ([\d.]+) s, device ([\d.]+) s.*"
-                   r"write ([\d.]+) s")
-
-
 def run_command(source: str, target: str, model: str, extra: list[str], cache: Path) -> dict:
-    """``blockpred run`` once, as a user types it: wall seconds and what its summary says."""
-    command = [sys.executable, "-m", "blockpred", "run", source, target, "--model", model, "--halo", "0,0,0",
-               "--output-dtype", "uint8", "--overwrite", "--no-progress", *extra]
-    start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True,
-                            env=dict(os.environ, BLOCKPRED_CACHE_DIR=str(cache)))
-    wall = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
-    summary, times = _SUMMARY.search(result.stdout), _TIME.search(result.stdout)
-    chosen = next((line for line in result.stdout.splitlines() if line.startswith("chosen:")), "")
-    block = re.search(r"block (\d+)x(\d+)x(\d+)", chosen)
-    return {"wall_s": wall, "pipeline_s": float(summary.group(3)), "mvox_per_s": float(summary.group(4)),
-            "blocks": int(summary.group(2)), "started_s": float(times.group(1)),
-            "read_s": float(times.group(2)), "device_s": float(times.group(3)), "write_s": float(times.group(4)),
-            "chosen": chosen, "block": [int(v) for v in block.groups()] if block else None}
+    """``blockpred run`` of the copy network once, as a user types it (see :func:`command.run_blockpred`)."""
+    return run_blockpred([source, target, "--model", model, "--halo", "0,0,0", "--output-dtype", "uint8",
+                          "--overwrite", "--no-progress", *extra], cache)
 
 
 def _tensorstore(path: str):
