@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 from . import __version__
@@ -371,14 +373,18 @@ def console() -> int:
 
 
 def _process_start_time(fallback: float | None) -> float | None:
-    """When this process started (``time.time()``): the command's start-up includes the interpreter and imports."""
+    """When this process started (``time.time()``): the command's start-up includes the interpreter and imports.
+
+    From the process's age in clock ticks since boot against the uptime (both 10 ms); psutil's
+    ``create_time`` adds the boot time, which /proc gives in whole seconds.
+    """
     try:
-        import psutil
-
-        return psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: from predict's start instead
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+            age = float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):  # not Linux: from predict's start instead
         return fallback
-
+    return time.time() - max(0.0, age)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(console())
