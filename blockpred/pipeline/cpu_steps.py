@@ -37,8 +37,8 @@ def slabs(shape: tuple[int, ...]) -> Iterator[tuple[int, int, slice, slice]]:
     depth, rows, row = shape[2], shape[3], max(1, shape[4])
     plane = rows * row
     if plane <= SLAB_ELEMENTS:
-        pieces = [(slice(z, z + max(1, SLAB_ELEMENTS // max(1, plane))), slice(None))
-                  for z in range(0, depth, max(1, SLAB_ELEMENTS // max(1, plane)))]
+        step = SLAB_ELEMENTS // max(1, plane)
+        pieces = [(slice(z, z + step), slice(None)) for z in range(0, depth, step)]
     else:
         step = max(1, SLAB_ELEMENTS // row)
         pieces = [(slice(z, z + 1), slice(y, y + step)) for z in range(depth) for y in range(0, rows, step)]
