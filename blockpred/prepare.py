@@ -308,10 +308,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     resume_block = None
     if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
-    todo_share = 1.0
-    if previous is not None and not cfg.overwrite:  # a resume measures for what is left (nothing: not at all)
-        finished = previous.finished()
-        todo_share = 1.0 - float(finished.mean()) if finished.size else 1.0
+    # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
+    finished = previous.finished() if previous is not None and not cfg.overwrite else None
+    todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
                          todo_share=todo_share)
     plan, geometry, output = layout.plan, layout.geometry, layout.output
@@ -337,7 +336,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                 f"pass --overwrite to start again, or choose another output"
             )
     masked = ~mask.coverage(plan) if mask is not None and not resumed else None
-    _check_inodes(target_path, plan, layout.output, previous.finished() if resumed else masked)
+    _check_inodes(target_path, plan, layout.output, finished if resumed else masked)
     format_choice = layout.format_choice
     if format_choice is None and measure and (cfg.memory_format == "auto" or (
             cfg.memory_format is None and cfg.compile == "off" and layout.defaults is None)):
