@@ -21,7 +21,8 @@ seconds: from its first block read to its last written), and its start-up
 are its summary's ``time:`` line.  Round 0 runs with an empty size cache (the
 first run of a new user: it measures its defaults) and is reported apart.
 
-    python bench/bench_host_path.py [--shape 256,512,512] [--block 64,256,256] [--rounds 3] [--dir /tmp/blockpred-host]
+    python bench/bench_host_path.py [--shape 256,512,512] [--block 64,256,256 [--block ...]] [--rounds 3]
+                                    [--dir /tmp/blockpred-host]
 
 Output voxels are spatial (channels not counted), as everywhere in blockpred.
 """
@@ -95,7 +96,8 @@ def main() -> None:
     parser.add_argument("--shape", default="256,512,512")
     parser.add_argument("--input-chunks", default="64,64,64")
     parser.add_argument("--input", help="an existing uint8 zarr volume instead of a new synthetic one (--shape)")
-    parser.add_argument("--block", default="64,256,256", help="the named block run beside the defaults")
+    parser.add_argument("--block", action="append",
+                        help="a named block run beside the defaults (repeat for several; default 64,256,256)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/blockpred-host")
     parser.add_argument("--json", help="write the report here too")
@@ -111,7 +113,8 @@ def main() -> None:
     cache = root / "cache"
     shutil.rmtree(cache, ignore_errors=True)  # round 0 is a first run
     threads = os.cpu_count() or 1
-    modes = {"defaults": [], f"--block {args.block}": ["--block", args.block]}
+    named = args.block or ["64,256,256"]
+    modes = {"defaults": [], **{f"--block {block}": ["--block", block] for block in named}}
     runs: dict[str, list[dict]] = {name: [] for name in modes}
     limits: dict[str, list[float]] = {name: [] for name in modes}
     first: dict[str, dict] = {}
@@ -119,7 +122,7 @@ def main() -> None:
     for round_ in range(args.rounds + 1):
         for name, extra in modes.items():
             result = run_command(source, target, model, extra, cache)
-            block = Coord(result["block"]) if result["block"] else parse_shape(args.block, "block")
+            block = Coord(result["block"]) if result["block"] else parse_shape(extra[1], "block")
             shutil.rmtree(raw_target, ignore_errors=True)
             shutil.copytree(target, raw_target)  # the same metadata; every chunk is rewritten
             array = raw_target + "/0" if (Path(raw_target) / "0").exists() else raw_target

@@ -14,10 +14,10 @@ collects batch n gets the upload of n+1, the network on n and the download of
 n-1 running at once.  Pinned buffers come from a pool and are reused.  On the
 CPU the same steps run the same way on three threads, with the same numbers:
 the normalisation in the caller's thread, the network on one thread of the
-predictor's, and the steps after it (crop, count, convert) on another, so a
-network that leaves the host's cores free (a stand-in device, a remote
-accelerator) runs back to back while the host prepares and converts the
-batches around it.
+predictor's, and the steps after it (crop, count, convert) on two others (the
+batch before and this one's converted side by side), so a network that leaves
+the host's cores free (a stand-in device, a remote accelerator) runs back to
+back while the host prepares and converts the batches around it.
 
 NaN and inf.  A conversion to uint8 turns NaN into 0 and inf into 255 (or 0),
 so the network's output is checked before it: when the steps name the boxes
@@ -57,6 +57,8 @@ _CAST_ONCE = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTr
               torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Linear)
 #: Raw dtypes uploaded as they are; uint16 goes up as its int16 bits, anything else as float32.
 _UPLOADED = {np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "float16", "float32")}
+#: Threads converting the CPU network's outputs: two batches are in flight, so both can convert at once.
+AFTER_THREADS = 2
 _TORCH_OUTPUT_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float16"): torch.float16,
                         np.dtype("uint8"): torch.uint8}
 
@@ -313,7 +315,7 @@ class Predictor:
             return result, counts
 
     def _submit_cpu(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
-        """Normalise here, then the network and the steps after it each on a thread of their own (in order).
+        """Normalise here, then the network on a thread of its own and the steps after it on one of two others.
 
         The steps are numpy's (see :mod:`.cpu_steps`); the network gets a
         tensor over the normalised array, without a copy.
@@ -324,7 +326,7 @@ class Predictor:
         before_s = time.perf_counter() - start
         if self._threads is None:
             self._threads = (ThreadPoolExecutor(1, thread_name_prefix="blockpred-network"),
-                             ThreadPoolExecutor(1, thread_name_prefix="blockpred-after"))
+                             ThreadPoolExecutor(AFTER_THREADS, thread_name_prefix="blockpred-after"))
         network = self._threads[0].submit(_timed, self.forward, x)
         after = self._threads[1].submit(self._after_network, network, steps)
 
