@@ -32,7 +32,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -74,10 +74,15 @@ class SizeChoice:
     mvox_per_s: float
     trials: tuple[Trial, ...] = ()
     cached: bool = False
+    #: The block was not timed: its pass is the largest timed one's scaled by input voxels (see :func:`pick`).
+    estimated: bool = False
+    #: False when the search's time ended before it did: a later run may go on where it stopped.
+    complete: bool = True
 
     def __str__(self) -> str:
         how = "cached trials" if self.cached else "trials"
-        return (f"block {'x'.join(map(str, self.block))}, batch {self.batch_size}: fastest of "
+        what = "estimated from the largest" if self.estimated else "fastest"
+        return (f"block {'x'.join(map(str, self.block))}, batch {self.batch_size}: {what} of "
                 f"{sum(t.fits for t in self.trials)} that fit ({how}), {self.mvox_per_s:.2f} Mvox/s over the region")
 
 
@@ -235,27 +240,37 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     foreseen from the last trial's, scaled by the voxels of the pass; the best
     so far wins): on a slow device the search must not cost more than it saves.
     ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``.
-    ``known``: trials already run (the caller timed them): taken as they are, not run again.
+    ``known``: trials already run (the caller timed them, or an earlier search cut short by its
+    time): taken as they are, not run again.  The choice is not ``complete`` when the time ended
+    the search after it ran a trial: one that ran none could not go further at this time either.
     """
     candidates = problem.candidates(coarse)
     batch = problem.fixed_batch or 1
     trials: list[Trial] = []
     started = time.perf_counter()
     last: list[tuple[float, float]] = []  # (voxels of a pass, seconds the trial took), of the last trial
+    cut_short, ran = False, []
+    already = {(t.block, t.batch_size): t for t in known}
 
     def out_of_time(block: Coord | None = None, batch_size: int = 1) -> bool:
+        nonlocal cut_short
+        if (block, batch_size) in already:
+            return False  # known: costs nothing
         elapsed = time.perf_counter() - started
         if block is None or not last:
-            return elapsed > max_total_s
-        voxels, seconds = last[-1]
-        foreseen = seconds * problem.input_shape(block).prod() * batch_size / voxels
-        return elapsed + foreseen > max_total_s
-
-    already = {(t.block, t.batch_size): t for t in known}
+            over = elapsed > max_total_s
+        else:
+            voxels, seconds = last[-1]
+            over = elapsed + seconds * problem.input_shape(block).prod() * batch_size / voxels > max_total_s
+        cut_short = cut_short or over
+        return over
 
     def attempt(block: Coord, batch_size: int) -> Trial:
         begin = time.perf_counter()
-        trial = already.get((block, batch_size)) or run(block, batch_size)
+        trial = already.get((block, batch_size))
+        if trial is None:
+            trial = run(block, batch_size)
+            ran.append(trial)
         took = trial.seconds_per_pass if (block, batch_size) in already else time.perf_counter() - begin
         last[:] = [(problem.input_shape(block).prod() * batch_size, took)]
         trials.append(trial)
@@ -302,13 +317,53 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
                     break  # does not fit, or a bigger batch no longer pays
                 best = score(trial)
                 batch_size *= 2
-    return pick(problem, trials)
+    return replace(pick(problem, trials, extrapolate=coarse), complete=not (cut_short and ran))
 
 
-def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: bool = False) -> SizeChoice:
-    """The fitting trial that would predict the region fastest."""
-    winner = max((t for t in trials if t.fits), key=problem.roi_mvox_per_s)
-    return SizeChoice(winner.block, winner.batch_size, problem.roi_mvox_per_s(winner), tuple(trials), cached)
+#: An untimed block wins only where its estimate beats the fastest timed one by this factor.
+ESTIMATE_MARGIN = 1.1
+
+
+def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: bool = False,
+         extrapolate: bool = False) -> SizeChoice:
+    """The fitting trial that would predict the region fastest.
+
+    ``extrapolate`` (the measured defaults' quick search, whose time may end
+    before a larger block is timed): the next coarse candidate above the
+    largest block timed, when none was refused for memory, wins if its pass,
+    estimated as the largest timed pass scaled by the input's voxels, would
+    predict the region :data:`ESTIMATE_MARGIN` faster -- that is, where it
+    computes less halo.  Scaling by voxels is the cautious estimate: a device
+    is seldom slower per voxel on a larger block, so the estimate counts only
+    the halo saved.  A short first run so gets a block that wastes less than
+    the start block without paying for the passes that would prove it.
+    """
+    fitting = [t for t in trials if t.fits]
+    winner = max(fitting, key=problem.roi_mvox_per_s)
+    best = problem.roi_mvox_per_s(winner)
+    estimate = _next_untimed(problem, trials) if extrapolate and problem.fixed_block is None else None
+    if estimate is not None and problem.roi_mvox_per_s(estimate) >= ESTIMATE_MARGIN * best:
+        return SizeChoice(estimate.block, 1, problem.roi_mvox_per_s(estimate), tuple(trials), cached, estimated=True)
+    return SizeChoice(winner.block, winner.batch_size, best, tuple(trials), cached)
+
+
+def _next_untimed(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...]) -> Trial | None:
+    """The next coarse candidate above the largest block timed at batch 1, its pass scaled by input voxels.
+
+    None when a trial was refused for memory, the largest block is not the fastest, or the next
+    candidate is missing or was tried.
+    """
+    if any(not t.fits for t in trials) or problem.fixed_batch not in (None, 1):
+        return None
+    largest = max((t for t in trials if t.batch_size == 1), key=lambda t: t.block.prod(), default=None)
+    if largest is None or largest.seconds_per_pass <= 0 or largest.block != pick(problem, trials).block:
+        return None  # where the largest timed block is not the fastest, larger ones stopped paying
+    larger = [c for c in problem.candidates(coarse=True) if c.prod() > largest.block.prod()]
+    if not larger or any(t.block == larger[0] for t in trials):
+        return None
+    block = larger[0]
+    seconds = largest.seconds_per_pass * problem.input_shape(block).prod() / problem.input_shape(largest.block).prod()
+    return Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds)
 
 
 def _index_of_base(candidates: list[Coord], base: Coord) -> int:
@@ -333,6 +388,12 @@ class SizeCache:
         return self._file.read()
 
     def get(self, key: dict, problem: SizeProblem) -> list[Trial] | None:
+        """The cached trials that serve ``problem`` (see :meth:`get_entry`)."""
+        found = self.get_entry(key, problem)
+        return None if found is None else found[0]
+
+    def get_entry(self, key: dict, problem: SizeProblem) -> tuple[list[Trial], bool] | None:
+        """The cached trials that serve ``problem``, and whether their search was complete (not cut short)."""
         for entry in self._entries().get(_digest(key), []):
             try:
                 trials = [Trial(Coord(t["block"]), int(t["batch_size"]), str(t["outcome"]),
@@ -342,13 +403,14 @@ class SizeCache:
             except (KeyError, TypeError, ValueError):
                 continue
             if (same_cap or covered) and any(t.fits for t in trials):
-                return trials
+                return trials, bool(entry.get("complete", True))
         return None
 
-    def put(self, key: dict, problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...]) -> None:
+    def put(self, key: dict, problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...],
+            complete: bool = True) -> None:
         entries = self._entries()
         capped = any(b == m for t in trials for b, m in zip(t.block, problem.max_block))
-        entry = {"max_block": list(problem.max_block), "capped": capped, "key": key,
+        entry = {"max_block": list(problem.max_block), "capped": capped, "key": key, "complete": complete,
                  "trials": [_trial_json(t) for t in trials]}
         entries[_digest(key)] = [entry] + [e for e in entries.get(_digest(key), [])
                                            if e.get("max_block") != entry["max_block"]][:7]
@@ -373,8 +435,12 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     """The cached choice for this model, device, precision and problem, else :func:`search` (then cached).
 
     ``quick_s``: the measured defaults' search (coarse candidates, one pass
-    each, at most ``quick_s`` seconds), cached apart from the full one.
-    ``cached_only``: None instead of a search when nothing is cached.
+    each, at most ``quick_s`` seconds), cached apart from the full one; one
+    that its time cut short is cached as such, and the next run that may
+    measure goes on where it stopped (its trials are not run again), so a
+    short first run pays little and the runs after it converge on the whole
+    quick search.
+    ``cached_only``: the cache alone; None when nothing is cached.
     ``known``: trials the caller already timed (see :func:`search`).
     """
     key = {"version": CACHE_VERSION, "model": model_key, "device": device_key(predictor),
@@ -383,18 +449,20 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     if quick_s is not None:
         key["search"] = "quick"
     cache = cache if cache is not None else SizeCache()
-    cached = cache.get(key, problem)
-    if cached is not None:
-        return pick(problem, cached, cached=True)
+    found = cache.get_entry(key, problem)
+    if found is not None and (found[1] or cached_only):
+        trials, complete = found
+        return replace(pick(problem, trials, cached=True, extrapolate=quick_s is not None), complete=complete)
     if cached_only:
         return None
+    known = (tuple(found[0]) if found is not None else ()) + tuple(known)  # a search cut short goes on
     if quick_s is None:
-        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes))
+        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes), known=known)
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True),
                         max_total_s=quick_s, coarse=True, known=known)
     predictor.release_memory()
-    cache.put(key, problem, choice.trials)
+    cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice
 
 

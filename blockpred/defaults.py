@@ -9,9 +9,12 @@ pays.  Measuring is bounded by the run it serves: one pass at the start
 block (timed after the dry run), times the blocks that block needs,
 estimates the run; a run estimated under :data:`MIN_RUN_S` is not measured
 at all (the start block, batch 1, contiguous: there is little to gain), and
-a longer one may spend :data:`FIRST_RUN_S`, or :data:`BUDGET_FRACTION` of
-its estimate where that is more, at most :data:`MAX_BUDGET_S`.  A first run
-may pay more than it gains; the runs after it pay nothing.  The memory
+a longer one may spend :data:`BUDGET_FRACTION` of its estimate, at most
+:data:`MAX_BUDGET_S`: a first run, which is often a user's only run, never
+pays more than a quarter of its time for the runs after it, which pay
+nothing.  Where the budget ends before a larger block is timed, the next
+larger one is chosen when the halo it saves makes it faster by the largest
+timed pass scaled by voxels (:func:`blockpred.autosize.pick`).  The memory
 format is measured first, at the start block: the estimate's pass is
 contiguous's, so channels_last takes a warm-up and a timed pass, and only
 when those fit the budget; the faster layout's pass is the first size trial,
@@ -29,9 +32,7 @@ from .geometry import Coord
 
 #: Runs estimated shorter than this (seconds, at the start block) are not measured.
 MIN_RUN_S = 1.0
-#: Seconds any measured run may spend measuring ...
-FIRST_RUN_S = 5.0
-#: ... or this share of the estimated run, where that is more ...
+#: The share of the estimated run that measuring may take ...
 BUDGET_FRACTION = 0.25
 #: ... but never more than this many seconds.
 MAX_BUDGET_S = 10.0
@@ -44,7 +45,7 @@ def measuring_budget(estimated_run_s: float) -> float:
     """Seconds the defaults may spend measuring for a run estimated at ``estimated_run_s``."""
     if estimated_run_s < MIN_RUN_S:
         return 0.0
-    return min(MAX_BUDGET_S, max(FIRST_RUN_S, BUDGET_FRACTION * estimated_run_s))
+    return min(MAX_BUDGET_S, BUDGET_FRACTION * estimated_run_s)
 
 
 @dataclass(frozen=True)

@@ -623,7 +623,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
             block = defaults.block
             if geometry.context == Coord((0, 0, 0)) and sizing is not None:
                 # A 'same' network maps any input on its grid to itself, and its trials (in this run or the
-                # cached one) already ran this block: no second dry run at a block that may take seconds.
+                # cached one) ran this block or one on the same grid (an estimated block, see autosize.pick):
+                # no second dry run at a block that may take seconds.
                 shape = (block + halo * 2).ceil_div(downsampling) * downsampling
                 geometry = NetworkGeometry(geometry.in_channels, geometry.out_channels, shape, shape, geometry.context)
             else:
@@ -686,7 +687,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         return chosen_format, chosen_sizes
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
-    complete = (format_choice is not None or not want_format) and (sizing is not None or not (want_block or want_batch))
+    complete = (format_choice is not None or not want_format) and (
+        sizing.complete if sizing is not None else not (want_block or want_batch))  # else a cut-short search goes on
     estimated, out_of_memory = blocks * dry_run_s, False
     if not complete and measure and measuring_budget(estimated) > 0:
         # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import blockpred
-from blockpred.autosize import SizeProblem, Trial, search
+from blockpred.autosize import SizeProblem, Trial, pick, search
 from blockpred.cli import main
 from blockpred.defaults import MAX_BUDGET_S, MIN_RUN_S, measuring_budget
 from blockpred.geometry import Box, Coord
@@ -42,25 +42,59 @@ def _logged(tmp_path, name: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_first_run_measures_and_a_second_run_of_the_same_network_measures_nothing(tmp_path, source):
-    # The same model (its kwargs, log path included, are part of what the cache tells apart).
-    first = blockpred.predict(source, str(tmp_path / "a.zarr"), **_slow(tmp_path, "run.log"))
-    seen_by_first = len(_logged(tmp_path, "run.log"))
-    second = blockpred.predict(source, str(tmp_path / "b.zarr"), **_slow(tmp_path, "run.log"))
-    seen_by_second = _logged(tmp_path, "run.log")[seen_by_first:]
+def test_runs_of_one_network_measure_on_where_the_last_stopped_and_once_the_search_is_done_measure_nothing(
+        tmp_path, source):
+    # The same model (its kwargs, log path included, are part of what the cache tells apart).  Each run may
+    # measure for a quarter of its estimate (32 blocks x 0.1 s: 0.8 s), less than the whole quick search.
+    runs, seen = [], 0
+    for k in range(8):
+        summary = blockpred.predict(source, str(tmp_path / f"out{k}.zarr"), **_slow(tmp_path, "run.log"))
+        logged = _logged(tmp_path, "run.log")
+        runs.append((summary, logged[seen:]))
+        seen = len(logged)
+        if summary.defaults.how == "cached":
+            break
+    first, seen_by_first = runs[0]
+    last, seen_by_last = runs[-1]
+    before_last = runs[-2][0]
 
     assert first.defaults.how == "measured" and first.defaults.measured_s > 0  # (how long: no timing asserted)
     assert first.defaults.block is not None and first.defaults.batch_size is not None
     assert first.defaults.memory_format in ("contiguous", "channels_last")
-    assert seen_by_first > first.stats.num_blocks  # the trials ran the network on random data
-    assert second.defaults.how == "cached" and second.defaults.measured_s == 0
-    assert (second.defaults.block, second.defaults.batch_size, second.defaults.memory_format) == (
-        first.defaults.block, first.defaults.batch_size, first.defaults.memory_format)
-    assert len(seen_by_second) == len(set(seen_by_second)) == second.stats.num_blocks  # the blocks, nothing else
-    assert second.plan.block_shape == first.defaults.block and second.batch_size == first.defaults.batch_size
-    assert str(second).splitlines()[0].startswith("chosen: block ") and "(cached)" in str(second)
+    assert len(seen_by_first) > first.stats.num_blocks  # the trials ran the network on random data
+    assert all(run.defaults.how == "measured" for run, _ in runs[:-1])  # each went on with the search ...
+    assert last.defaults.how == "cached" and last.defaults.measured_s == 0  # ... until it was done
+    assert (last.defaults.block, last.defaults.batch_size, last.defaults.memory_format) == (
+        before_last.defaults.block, before_last.defaults.batch_size, before_last.defaults.memory_format)
+    assert len(seen_by_last) == len(set(seen_by_last)) == last.stats.num_blocks  # the blocks, nothing else
+    assert last.plan.block_shape == last.defaults.block and last.batch_size == last.defaults.batch_size
+    assert str(last).splitlines()[0].startswith("chosen: block ") and "(cached)" in str(last)
     plan = blockpred.plan(source, str(tmp_path / "c.zarr"), **_slow(tmp_path, "run.log"))
-    assert plan.defaults.endswith("(cached)") and plan.plan.block_shape == first.defaults.block  # plan says the same
+    assert plan.defaults.endswith("(cached)") and plan.plan.block_shape == last.defaults.block  # plan says the same
+
+
+def test_a_search_cut_short_goes_on_from_its_trials_and_is_done_when_time_allows_no_new_one(monkeypatch):
+    import dataclasses
+    import types
+
+    import blockpred.autosize as autosize
+
+    problem = dataclasses.replace(_quick_problem(), fixed_batch=1)
+    clock, tried = [0.0], []
+    monkeypatch.setattr(autosize, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def run(block: Coord, batch: int) -> Trial:  # a pass takes 1 us per input voxel of the search's clock
+        tried.append(block)
+        trial = _timed(block[0], 1e-6)
+        clock[0] += trial.seconds_per_pass
+        return trial
+
+    first = search(problem, run, max_total_s=0.1, coarse=True, known=(_timed(16, 1e-6),))  # 32^3: 0.064 s
+    again = search(problem, run, max_total_s=0.5, coarse=True, known=first.trials)  # 64^3: 0.37 s more
+    stuck = search(problem, run, max_total_s=0.5, coarse=True, known=again.trials)  # 128^3 would take 2.5 s
+    assert tried == [Coord((32, 32, 32)), Coord((64, 64, 64))]  # no trial ran twice across the three
+    assert not first.complete and not again.complete
+    assert stuck.complete and stuck.trials == again.trials  # no time for a new trial: done
 
 
 @pytest.mark.slow
@@ -146,7 +180,34 @@ def test_the_quick_search_starts_no_trial_it_foresees_ending_past_its_time():
     choice = search(problem, run, max_total_s=1.0, coarse=True)
     # 24^3 takes 0.14 s, 40^3 0.64 s; 72^3 would take 3.7 s more: not started.
     assert tried == [Coord((16, 16, 16)), Coord((32, 32, 32))]
-    assert choice.block == Coord((32, 32, 32))
+    # Not timed, but chosen: 64 blocks of 72^3 compute 23.9 M input voxels over the region, 512 of 40^3 32.8 M.
+    assert choice.block == Coord((64, 64, 64)) and choice.estimated and choice.batch_size == 1
+    assert "estimated" in str(choice)
+
+
+def _quick_problem() -> SizeProblem:
+    return SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((4, 4, 4)), context=Coord((0, 0, 0)),
+                       input_extra=Coord((0, 0, 0)), step=Coord((8, 8, 8)), base_block=Coord((16, 16, 16)),
+                       roi=Box(Coord((0, 0, 0)), Coord((256, 256, 256))))
+
+
+def _timed(block: int, seconds_per_input_voxel: float, outcome: str = "ok") -> Trial:
+    seconds = (block + 8) ** 3 * seconds_per_input_voxel
+    return Trial(Coord((block,) * 3), 1, outcome, block ** 3 / seconds / 1e6, seconds)
+
+
+def test_an_untimed_block_is_chosen_only_while_larger_blocks_pay_and_nothing_was_refused_for_memory():
+    problem = _quick_problem()
+    paying = [_timed(16, 1e-6), _timed(32, 1e-6)]
+    assert pick(problem, paying, extrapolate=True).block == Coord((64, 64, 64))
+    assert pick(problem, paying).block == Coord((32, 32, 32))  # the full search chooses only what it timed
+    # 32^3 slower per input voxel than 16^3 by more than the halo it saves: larger blocks stopped paying.
+    assert pick(problem, [_timed(16, 1e-6), _timed(32, 2e-6)], extrapolate=True).block == Coord((16, 16, 16))
+    refused = paying + [Trial(Coord((64, 64, 64)), 2, "out of memory")]
+    assert pick(problem, refused, extrapolate=True).block == Coord((32, 32, 32))
+    # The whole region is one timed block: nothing larger to estimate.
+    whole = [_timed(16, 1e-6), _timed(128, 1e-6), _timed(256, 1e-6)]
+    assert pick(problem, whole, extrapolate=True).block == Coord((256, 256, 256))
 
 
 def test_a_network_with_no_halo_starts_at_a_block_that_amortises_per_block_costs(tmp_path):

@@ -177,3 +177,16 @@ def test_a_dask_worker_reports_the_same_count(tmp_path):
     assert summary.stats.num_nonfinite == int((~np.isfinite(data)).sum())
     assert summary.stats.num_nonfinite_blocks == blocks_holding(data)
     assert len(nonfinite_lines(str(summary))) == 1
+
+
+@pytest.mark.parametrize("size", [100, 4096, 3 * 4096 + 17, 262144])
+def test_the_slab_check_finds_one_nan_or_inf_anywhere_also_in_the_rows_left_over(size):
+    from blockpred.pipeline.cpu_steps import _finite_sum
+
+    slab = np.random.default_rng(1).random(size, dtype=np.float32)
+    assert _finite_sum(slab) and _finite_sum(slab[::2])
+    for where in {0, size // 2, size - 1}:
+        for value in (np.nan, np.inf, -np.inf):
+            bad = slab.copy()
+            bad[where] = value
+            assert not _finite_sum(bad) and not _finite_sum(bad.reshape(1, -1)[:, ::1])
