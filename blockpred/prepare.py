@@ -681,9 +681,11 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
             seconds = chosen_format.seconds.get(predictor.memory_format) if chosen_format is not None else pass_s
             if here and seconds and (chosen_format is None or not chosen_format.cached):
                 known = (Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds),)
+            # With a known trial the search costs nothing more where the budget is spent: it may still take
+            # a larger block untimed (see autosize.pick).
             chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
-                                      fixed_block=None if want_block else block, quick_s=budget - spent(),
-                                      cached_only=budget - spent() <= 0, known=known)
+                                      fixed_block=None if want_block else block, quick_s=max(0.0, budget - spent()),
+                                      cached_only=budget - spent() <= 0 and not known, known=known)
         return chosen_format, chosen_sizes
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing

@@ -228,3 +228,30 @@ def test_a_network_with_a_halo_keeps_the_start_block_when_the_run_is_too_short_t
     summary = blockpred.predict(source, str(tmp_path / "out.zarr"), model="blockpred.models.standin:copy",
                                 halo=4, output_dtype="uint8", progress=False)
     assert summary.plan.block_shape == Coord((64, 64, 64))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [pytest.param((32, 128, 128), id="a-larger-block-saves-halo"),
+                                   pytest.param((24, 72, 72), id="the-start-block-overhangs")])
+def test_on_a_stand_in_device_the_defaults_never_choose_a_block_slower_than_the_start_block(tmp_path, shape):
+    """The stand-in copies its input and sleeps input voxels / rate, as a device would: a plan's device seconds
+    are its blocks x input voxels / rate, known without a clock.  The measured (or estimated) choice must not
+    cost more than the start block's plan by over 10% (the issue: measuring once chose 64^3, half as fast)."""
+    data = np.random.default_rng(6).integers(0, 255, shape, dtype=np.uint8)
+    source = write_test_volume(str(tmp_path / "in.zarr"), data)
+    halo = Coord((4, 8, 8))
+    rate = 0.5  # input Mvox/s: a 32x64x64 block (input 40x80x80) sleeps 0.51 s; runs estimated at 2-3 s
+    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), model="blockpred.models.standin:device",
+                                model_kwargs={"rate_mvox_per_s": rate}, halo=tuple(halo), output_dtype="uint8",
+                                progress=False)
+    roi = Box.from_shape(Coord(shape))
+
+    def device_s(block: Coord) -> float:
+        from blockpred.blocking import blocks_per_axis
+
+        return blocks_per_axis(roi, block).prod() * (block + halo * 2).prod() / (rate * 1e6)
+
+    start = Coord((64, 64, 64)).minimum(Coord(shape))
+    assert summary.defaults.how.startswith("measured") and summary.defaults.block is not None
+    assert device_s(summary.plan.block_shape) <= device_s(start) / 0.9
+    assert np.array_equal(_read(str(tmp_path / "out.zarr"))[0], data)  # and it is the copy it should be
