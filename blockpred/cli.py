@@ -61,12 +61,27 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--local", action="store_true", default=None,
                    help="run in this process, without dask [the default with one device and no --workers/--scheduler]")
     g.add_argument("--retries", type=int, help="retries of a failed task [2]")
+    g.add_argument("--no-worker-timeout", type=float, metavar="SECONDS",
+                   help="end the run (finished blocks kept) after this long without any dask worker [300]")
     g.add_argument("--mask", help="volume (full size or downsampled) whose nonzero voxels mark where to predict")
     g.add_argument("--missing-chunks", choices=("warn", "error"),
                    help="an input chunk that is not stored: warn (read it as the fill value, count it in the "
                         "summary) or error (fail the block that reads it) [warn]")
     g.add_argument("--skip-empty", action="store_true", default=None,
                    help="skip blocks whose input is all one value (left at the fill value)")
+    g = parser.add_argument_group("batch cluster: workers as SLURM jobs (pip install -e \".[slurm]\")")
+    g.add_argument("--cluster", choices=("slurm",), help="submit the workers as jobs of this batch system")
+    g.add_argument("--jobs", type=int, help="jobs at most, one dask worker each; the run starts with the first [1]")
+    g.add_argument("--partition", help="the jobs' partition (dask-jobqueue: queue) [the site's config]")
+    g.add_argument("--account", help="the jobs' account (account) [the site's config]")
+    g.add_argument("--walltime", help="a job's time limit, HH:MM:SS (walltime); jobs that reach it are replaced "
+                   "[the site's config, else 00:30:00]")
+    g.add_argument("--cores", type=int, help="CPU cores per job (cores) [the site's config]")
+    g.add_argument("--memory", help="memory per job, e.g. 16GB (memory) [the site's config]")
+    g.add_argument("--gpus-per-job", type=int, help="GPUs per job (--gres=gpu:N); 0 for CPU jobs "
+                   "[0 with --device cpu, else 1]")
+    g.add_argument("--jobqueue-config", metavar="FILE",
+                   help="a dask-jobqueue YAML (jobqueue: slurm: ...) over the site's; the flags above win")
     g = parser.add_argument_group("input and output")
     g.add_argument("--normalize", help="auto, none, minmax:LO,HI or meanstd:MEAN,STD [auto]")
     g.add_argument("--output-dtype", choices=("float32", "float16", "uint8"), help="[float32]")
@@ -90,7 +105,8 @@ _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling"
              "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
              "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
              "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method",
-             "storage_options", "missing_chunks")
+             "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs", "partition", "account",
+             "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config")
 
 
 class _Parser(argparse.ArgumentParser):

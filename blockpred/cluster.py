@@ -5,6 +5,8 @@
   ``CUDA_VISIBLE_DEVICES``), or ``num_workers`` CPU workers; dask-cuda's
   ``LocalCUDACluster`` when installed.  With ``scheduler_address`` the run
   joins an existing cluster instead.
+* **Batch jobs.** With ``jobs`` (``--cluster slurm``) the workers are jobs
+  of a batch system, submitted and replaced by :mod:`blockpred.jobqueue`.
 * **In this process** when there is one CPU worker (the default without a
   GPU): a dask worker on threads, so no second process imports torch again.
 * **Early.** :class:`Cluster` starts connecting at once, in a background
@@ -39,7 +41,12 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from typing import TYPE_CHECKING
+
 from .errors import ClusterError, InvalidOptionError
+
+if TYPE_CHECKING:
+    from .jobqueue import JobSettings
 
 #: The one address a local cluster listens on: the scheduler, nannies, workers and dashboard.
 LOOPBACK = "127.0.0.1"
@@ -67,22 +74,39 @@ def import_distributed() -> None:
 class Cluster:
     """A dask cluster being started (or joined) in the background; close it when done."""
 
-    def __init__(self, device: str, num_workers: int | None, scheduler_address: str | None):
+    def __init__(self, device: str, num_workers: int | None, scheduler_address: str | None,
+                 jobs: "JobSettings | None" = None):
         self.scheduler_address = scheduler_address
         self._hidden = contextlib.ExitStack()
-        if scheduler_address is None:
+        if scheduler_address is None and jobs is None:
             self._hidden.enter_context(without_main_reimport())  # spawned workers do not run the caller's script
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="blockpred-cluster")
-        self._started = self._pool.submit(self._connect, device, num_workers, scheduler_address)
+        self._started = self._pool.submit(self._connect, device, num_workers, scheduler_address, jobs)
+        self._batch = jobs is not None
+
+    def check(self) -> None:
+        """Raise now what the start raised, before anything is written: a batch cluster's start (its settings,
+        ``sbatch --test-only``, the submission; not the jobs' start) is waited for, a local one's only if done."""
+        if self._batch or self._started.done():
+            self._started.result()
 
     @staticmethod
-    def _connect(device: str, num_workers: int | None, scheduler_address: str | None):
+    def _connect(device: str, num_workers: int | None, scheduler_address: str | None, jobs: "JobSettings | None"):
         import_distributed()
         from distributed import Client
 
         _quiet_dask()
         if scheduler_address is not None:
             return None, Client(scheduler_address), None
+        if jobs is not None:
+            from .jobqueue import BatchCluster
+
+            cluster = BatchCluster(jobs, _dask_log_level())
+            try:
+                return cluster, Client(cluster.cluster), None
+            except BaseException:
+                cluster.close()
+                raise
         envs = local_worker_envs(device, num_workers)
         try:
             cluster = _start_local_cluster(envs)

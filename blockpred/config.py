@@ -98,6 +98,25 @@ class RunConfig:
     workers: int | None = None
     #: Address of a running dask scheduler to join instead of starting a local cluster.
     scheduler: str | None = None
+    #: A batch system whose jobs are the workers ("slurm"; see blockpred.jobqueue), and its job settings; None
+    #: where not given: dask-jobqueue's configuration (``~/.config/dask/jobqueue.yaml``) decides.
+    cluster: str | None = None
+    #: Jobs at most (one dask worker each); the run starts with the first that joins.  [1]
+    jobs: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    #: A job's time limit, HH:MM:SS (or anything the batch system takes): jobs that reach it are replaced.
+    walltime: str | None = None
+    cores: int | None = None
+    #: A job's memory, e.g. 16GB.
+    memory: str | None = None
+    #: GPUs per job (``--gres=gpu:N``); 0 for CPU jobs.  None: 0 with ``device="cpu"``, else 1.
+    gpus_per_job: int | None = None
+    #: A dask-jobqueue YAML (``jobqueue: slurm: ...``) read over the site's; the options above win over it.
+    jobqueue_config: str | None = None
+    #: Seconds without any dask worker (none started yet, all lost, the scheduler gone) before the run ends
+    #: with what is done kept (a cluster run never waits silently forever).
+    no_worker_timeout: float = 300.0
     #: How often a failed task (and so its failed blocks) is retried.
     retries: int = 2
     #: Skip blocks whose input is all one value (they are left at the fill value).
@@ -266,7 +285,7 @@ def _normalise(name: str, value: Any) -> Any:
         if str(value) not in PAD_MODES:
             raise InvalidOptionError(f"pad_mode must be one of {', '.join(PAD_MODES)}, got {value!r}")
         return str(value)
-    if name in ("batch_size", "num_readers", "num_writers", "prefetch", "workers"):
+    if name in ("batch_size", "num_readers", "num_writers", "prefetch", "workers", "jobs", "cores"):
         return _positive_int(value, name)
     if name == "pyramid":
         return _count(value, name, least=0, what="non-negative number of levels")
@@ -274,6 +293,22 @@ def _normalise(name: str, value: Any) -> Any:
         from .downsample import check_method
 
         return check_method(value)
+    if name == "gpus_per_job":
+        return _count(value, name, least=0, what="non-negative number of GPUs")
+    if name == "no_worker_timeout":
+        try:
+            seconds = float(value) if not isinstance(value, (bool, np.bool_)) else math.nan
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not seconds > 0 or math.isinf(seconds):
+            raise InvalidOptionError(f"no_worker_timeout must be a positive number of seconds, got {value!r}")
+        return seconds
+    if name == "cluster":
+        from .jobqueue import BATCH_SYSTEMS
+
+        if str(value).lower() not in BATCH_SYSTEMS:
+            raise InvalidOptionError(f"cluster must be one of {', '.join(BATCH_SYSTEMS)}, got {value!r}")
+        return str(value).lower()
     if name == "retries":
         return _count(value, name, least=0, what="non-negative integer")
     if name == "channels":
@@ -303,7 +338,8 @@ def _normalise(name: str, value: Any) -> Any:
         return str(value) if isinstance(value, (str, os.PathLike)) else value
     if name == "storage_options":
         return StorageOptions.parse(value)
-    if name in ("weights", "device", "scheduler", "mask"):
+    if name in ("weights", "device", "scheduler", "mask", "partition", "account", "walltime", "memory",
+                "jobqueue_config"):
         return str(value)
     return value
 

@@ -163,6 +163,10 @@ def output_error(error: BaseException, doing: str, output: str) -> "OutputAccess
 
 
 class ClusterError(BlockpredError, RuntimeError):
-    """The local dask cluster failed at run time (workers that could not start); nothing of the output is lost."""
+    """The dask cluster failed at run time (workers that could not start or all went away); nothing done is lost."""
 
     exit_code = 1
+
+
+class NoWorkersError(ClusterError):
+    """A dask run had no worker for its ``no_worker_timeout``: finished blocks are kept, the same command resumes."""

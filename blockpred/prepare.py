@@ -183,7 +183,10 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
     0.34 through one dask worker).  ``workers=1`` still runs through dask.
     """
     cfg = make_config(config, **options)
-    if not cfg.local and cfg.workers is None and cfg.scheduler is None:
+    from .jobqueue import job_settings
+
+    job_settings(cfg, 1)  # batch-job options only with --cluster, and --cluster with no other cluster
+    if not cfg.local and cfg.workers is None and cfg.scheduler is None and cfg.cluster is None:
         from .cluster import local_worker_envs
 
         if len(local_worker_envs(cfg.device, None)) == 1:
@@ -283,7 +286,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     if not cfg.local and cfg.scheduler is None and target_path.format == "hdf5":
         from .cluster import check_hdf5_writers, local_worker_envs
 
-        check_hdf5_writers(target_path, len(local_worker_envs(cfg.device, cfg.workers)))
+        check_hdf5_writers(target_path, cfg.jobs or 1 if cfg.cluster is not None
+                           else len(local_worker_envs(cfg.device, cfg.workers)))
     if on_paths_checked is not None:
         on_paths_checked(previous if previous is not None and not cfg.overwrite else None)
     mask = (Mask.open(parse_volume_path(cfg.mask, cfg.storage_options), source.spatial_shape)
@@ -311,6 +315,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
     finished = previous.finished() if previous is not None and not cfg.overwrite else None
     todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
+    if cfg.cluster is not None and device.type != ("cpu" if cfg.gpus_per_job == 0 or cfg.device == "cpu" else "cuda"):
+        measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
                          todo_share=todo_share)
     plan, geometry, output = layout.plan, layout.geometry, layout.output
@@ -518,12 +524,13 @@ def _check_pyramid(cfg: RunConfig, source, target_path: VolumePath) -> None:
 def _client_device(cfg: RunConfig):
     """Where this process runs the dry run (and, with ``local``, the blocks).
 
-    Joining a cluster, this process need not have the workers' GPUs: without
+    Joining a cluster, or submitting its jobs, this process need not have the workers' GPUs: without
     CUDA here, the dry run runs on the CPU and each worker checks its own device.
     """
     import torch
 
-    if cfg.scheduler is not None and str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
+    joining = cfg.scheduler is not None or cfg.cluster is not None
+    if joining and str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
         return resolve_device("cpu")
     return resolve_device(cfg.device)
 
@@ -713,6 +720,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         how = "measured"
     elif found:
         how = "cached"
+    elif not measure and cfg.cluster is not None:
+        how = "not measured: this machine has not the jobs' device (name --block and --batch-size)"
     elif not measure:
         how = "not measured yet: the run measures"
     elif out_of_memory:

@@ -150,12 +150,16 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
             check_free(lock_at, str(target_path))  # another run on this output: say so now, not after the dry run
             finished = previous is not None and len(previous.todo_ids()) == 0  # a resume with nothing left
             if not cfg.local and not finished:
-                from .cluster import Cluster
+                from .cluster import WORKER_THREADS, Cluster
+                from .jobqueue import job_settings
 
-                cluster = stack.enter_context(Cluster(cfg.device, cfg.workers, cfg.scheduler))
+                cluster = stack.enter_context(Cluster(cfg.device, cfg.workers, cfg.scheduler,
+                                                      jobs=job_settings(cfg, WORKER_THREADS)))
 
         with open_volume(source_path) as source:
             p = prepare(cfg, source, source_path, target_path, on_paths_checked=start_cluster)
+            if cluster is not None:
+                cluster.check()  # a cluster that cannot start (a refused sbatch) fails the run before the output
             lock = owned.enter_context(_take_lock(lock_at, str(target_path)))
             markers = create_output(p, source, owner=lock.token)
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
@@ -268,7 +272,7 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
             stats = _run_local(job, todo, predictor, cfg.retries, on_progress)
             where = str(predictor.device)
         else:
-            stats, workers = _run_on_dask(job, todo, cluster, cfg.retries, on_progress)
+            stats, workers = _run_on_dask(job, todo, cluster, cfg.retries, cfg.no_worker_timeout, on_progress)
             where = ", ".join(sorted({w.device for w in workers.values()})) or str(predictor.device)
     stats.num_skipped += masked
     return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers,
@@ -309,11 +313,13 @@ def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) 
     raise AssertionError("unreachable")
 
 
-def _run_on_dask(job: Job, todo, cluster: "Cluster", retries: int, on_progress) -> tuple[RunStats, dict]:
+def _run_on_dask(job: Job, todo, cluster: "Cluster", retries: int, no_worker_timeout: float,
+                 on_progress) -> tuple[RunStats, dict]:
     from .scheduler import run_distributed
 
     def dashboard(link: str) -> None:
         print(f"blockpred: dask dashboard at {link}", file=sys.stderr)
 
-    result = run_distributed(job, todo, cluster, retries=retries, on_progress=on_progress, on_dashboard=dashboard)
+    result = run_distributed(job, todo, cluster, retries=retries, no_worker_timeout=no_worker_timeout,
+                             on_progress=on_progress, on_dashboard=dashboard)
     return result.stats, result.workers

@@ -57,7 +57,7 @@ import_distributed()  # never at the same time as a cluster's start thread (see 
 from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
 
 from .blocking import Block  # noqa: E402
-from .errors import BlockFailedError, ClusterError, InvalidOptionError  # noqa: E402
+from .errors import BlockFailedError, ClusterError, InvalidOptionError, NoWorkersError  # noqa: E402
 from .geometry import Coord  # noqa: E402
 from .job import Job, JobStream  # noqa: E402
 from .pipeline import Backoff, RunStats  # noqa: E402
@@ -78,6 +78,10 @@ PROGRESS_EVERY_S = 0.5
 #: Sends of the run's plugin to the workers before the run gives up, when a worker dies during each.
 REGISTER_ATTEMPTS = 5
 PROGRESS_TOPIC = "blockpred-progress"
+#: Seconds without any worker before a run ends (``--no-worker-timeout``).
+NO_WORKER_TIMEOUT_S = 300.0
+#: How often the client looks for finished tasks and for workers while none finishes.
+POLL_S = 0.1
 
 #: Counts of wrong values a worker's pipeline keeps (see RunStats), reported as its stage times are.
 _PIPELINE_COUNTS = ("num_nonfinite", "num_nonfinite_blocks", "num_missing_chunk_reads", "num_missing_chunk_blocks")
@@ -273,22 +277,27 @@ def run_distributed(
     cluster: Cluster,
     *,
     retries: int,
+    no_worker_timeout: float = NO_WORKER_TIMEOUT_S,
     on_progress: Callable[[int, int], None] | None = None,
     on_dashboard: Callable[[str], None] | None = None,
 ) -> DistributedResult:
     """Run the blocks ``block_ids`` (an array of ids) over the workers of ``cluster``; returns per-worker counts.
 
-    ``on_progress(blocks, voxels)`` is called as blocks finish.
+    ``on_progress(blocks, voxels)`` is called as blocks finish.  A run that has
+    no worker for ``no_worker_timeout`` seconds (none started yet, every one
+    lost, the scheduler gone) ends with :class:`NoWorkersError`.
     """
     client = cluster.client()
     if cluster.scheduler_address is None:
         check_hdf5_writers(job.target, len(client.scheduler_info(n_workers=-1)["workers"]))
-    return _feed(client, job, block_ids, retries, cluster.torch_threads, on_progress, on_dashboard)
+    return _feed(client, job, block_ids, retries, cluster.torch_threads, on_progress, on_dashboard,
+                 no_worker_timeout)
 
 
 def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
           on_progress: Callable[[int, int], None] | None,
-          on_dashboard: Callable[[str], None] | None) -> DistributedResult:
+          on_dashboard: Callable[[str], None] | None,
+          no_worker_timeout: float = NO_WORKER_TIMEOUT_S) -> DistributedResult:
     """Keep the workers fed with tasks until every block is through; gather what they did."""
     result = DistributedResult()
     result.dashboard = client.dashboard_link if _has_dashboard(client) else None
@@ -308,7 +317,7 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
 
     client.subscribe_topic(PROGRESS_TOPIC, progress)
     try:
-        _run_tasks(client, key, job, block_ids, retries, result)
+        _run_tasks(client, key, job, block_ids, retries, result, no_worker_timeout)
     finally:
         client.unsubscribe_topic(PROGRESS_TOPIC)
         _remove_plugin(client, plugin.name)
@@ -338,8 +347,12 @@ def _register_plugin(client, plugin: PredictorPlugin) -> None:
             time.sleep(WORKER_COUNT_EVERY_S)  # the scheduler notices the dead worker meanwhile
 
 
-def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: DistributedResult) -> None:
-    """Tasks of the elastic feed until every block is through; a failed block fails the run after all others."""
+def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: DistributedResult,
+               no_worker_timeout: float = NO_WORKER_TIMEOUT_S) -> None:
+    """Tasks of the elastic feed until every block is through; a failed block fails the run after all others.
+
+    Without a worker for ``no_worker_timeout`` seconds it raises :class:`NoWorkersError`.
+    """
     from distributed import KilledWorker, as_completed
 
     count = _WorkerCount(client)
@@ -365,7 +378,14 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
     failures: list[BlockFailedError] = []
     pipelines: dict = {}  # (worker, pipeline id) -> its latest figures
     top_up()
-    for future in running:
+
+    def stalled() -> NoWorkersError:
+        return NoWorkersError(
+            f"no dask worker for {no_worker_timeout:.0f} s (--no-worker-timeout): none started, every one was lost, "
+            f"or the scheduler went away; {result.stats.num_blocks} of {len(block_ids)} blocks of this run are done "
+            f"and kept: run the same command again to resume")
+
+    for future in _as_they_finish(running, count, no_worker_timeout, stalled):
         ids = task_ids.pop(future.key)
         if future.status == "error":
             error = future.exception()
@@ -389,6 +409,27 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
         first = failures[0]
         first.failed = [index for f in failures for index in f.failed]
         raise first
+
+
+def _as_they_finish(running, count: "_WorkerCount", timeout_s: float, stalled: Callable[[], Exception]):
+    """The futures of ``running`` (an ``as_completed``, topped up meanwhile) as they finish.
+
+    Between them it looks at the workers every :data:`POLL_S`: ``stalled()``
+    is raised once none has been there for ``timeout_s`` seconds, so a run
+    whose workers are all gone, or whose scheduler is, ends instead of
+    waiting forever.
+    """
+    seen = time.monotonic()
+    while not running.is_empty():
+        if running.has_ready():
+            yield next(running)
+            continue
+        now = time.monotonic()
+        if count() > 0:
+            seen = now
+        elif now - seen > timeout_s:
+            raise stalled()
+        time.sleep(POLL_S)
 
 
 def _workers_died(job: Job, block_ids, error) -> BlockFailedError:
@@ -453,7 +494,12 @@ class _WorkerCount:
     def __call__(self) -> int:
         now = time.monotonic()
         if now - self._when >= WORKER_COUNT_EVERY_S:
-            self._count = len(self._client.scheduler_info(n_workers=-1)["workers"])
+            try:
+                self._count = len(self._client.scheduler_info(n_workers=-1)["workers"]) \
+                    if self._client.status == "running" else 0
+            except Exception as err:  # noqa: BLE001 - a scheduler that went away has no workers for this run
+                logger.debug("no answer from the dask scheduler: %s", err)
+                self._count = 0
             self._when = now
         return self._count
 
