@@ -26,6 +26,20 @@ _SESSION_CACHE = tempfile.mkdtemp(prefix="blockpred-test-cache-")
 os.environ["BLOCKPRED_CACHE_DIR"] = _SESSION_CACHE
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slurm", action="store_true", default=False,
+                     help="run the tests marked slurm, against a real SLURM (root starts one: see tests/test_slurm.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slurm"):
+        return
+    skip = pytest.mark.skip(reason="a SLURM test: run with --slurm (.ci/run does, after the suite)")
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config):
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
