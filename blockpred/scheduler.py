@@ -387,6 +387,10 @@ def _run_tasks(client, key: str, job: Job, block_ids, retries: int, result: Dist
 
     for future in _as_they_finish(running, count, no_worker_timeout, stalled):
         ids = task_ids.pop(future.key)
+        if future.status == "cancelled":  # the client lost its scheduler: every task is cancelled
+            raise NoWorkersError(
+                f"the dask scheduler went away (its connection was lost); {result.stats.num_blocks} of "
+                f"{len(block_ids)} blocks of this run are done and kept: run the same command again to resume")
         if future.status == "error":
             error = future.exception()
             if isinstance(error, KilledWorker):

@@ -20,7 +20,11 @@ CUDA_VISIBLE_DEVICES=1 blockpred run vol.zarr/raw out.zarr --model cremi2018 --p
 # CPU only: two worker processes, each with half of the cores for torch.
 blockpred run vol.zarr/raw out.zarr --model tiny --device cpu --workers 2
 
-# Join a running dask cluster (dask scheduler + one worker per GPU, see examples/slurm_cluster.py);
+# SLURM: up to 8 jobs of one GPU each, started as granted, replaced when they end (pip install -e ".[slurm]").
+blockpred run /shared/vol.zarr/raw /shared/out.zarr --model cremi2018 --precision bf16 \
+    --cluster slurm --jobs 8 --partition gpu --cores 8 --memory 64GB --gpus-per-job 1 --walltime 04:00:00
+
+# Join a running dask cluster (a dask scheduler and one worker per GPU that you started);
 # paths must be the same on every worker (shared filesystem).  --device auto where this machine has no GPU.
 blockpred run /shared/vol.zarr/raw /shared/out.zarr --model cremi2018 --precision bf16 \
     --scheduler tcp://scheduler-host:8786 --retries 3

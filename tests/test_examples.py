@@ -21,19 +21,31 @@ def test_cluster_run_config_is_a_valid_blockpred_options_file():
 def test_slurm_example_imports_without_dask_jobqueue_and_has_main():
     spec = importlib.util.spec_from_file_location("slurm_cluster_example", ROOT / "examples" / "slurm_cluster.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # dask_jobqueue is imported only inside make_cluster()
+    spec.loader.exec_module(module)  # blockpred and dask_jobqueue are imported only inside main()
     assert callable(module.main)
     args = module.parse_args(["/shared/vol.zarr/raw", "--jobs", "3", "--partition", "gpu", "--account", "lab"])
     assert (args.input, args.output, args.jobs, args.partition, args.account) == ("/shared/vol.zarr/raw", None, 3, "gpu", "lab")
-    assert module.JOB_SETTINGS["processes"] == 1 and "--gres=gpu:1" in module.JOB_SETTINGS["job_extra_directives"]
 
 
-def test_slurm_jobqueue_config_parses():
+def test_slurm_jobqueue_config_parses_and_its_settings_reach_the_job_script(tmp_path, monkeypatch):
+    from blockpred.jobqueue import JobSettings, _make_cluster
+
     config = yaml.safe_load((ROOT / "configs" / "slurm.yaml").read_text())
-    slurm = config["jobqueue"]["slurm"]
-    assert slurm["processes"] == 1
-    assert "--gres=gpu:1" in slurm["job-extra-directives"]
-    assert slurm["worker-extra-args"] == ["--nthreads", "2"]
+    assert config["jobqueue"]["slurm"]["cores"] == 8
+    monkeypatch.chdir(tmp_path)
+    settings = JobSettings(system="slurm", jobs=1, gpus_per_job=1,  # the scheduler on loopback: nothing submitted
+                           options={"queue": "gpu", "cores": 4, "scheduler_options": {"host": "127.0.0.1"}},
+                           config_file=str(ROOT / "configs" / "slurm.yaml"))
+    cluster = _make_cluster(settings, "blockpred-test", 50, lambda shared: shared)
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert "-p gpu" in script and "--cpus-per-task=4" in script  # the flags win over the file
+    assert "--mem=60G" in script or "--mem=64G" in script  # the file's memory (dask-jobqueue rounds it down)
+    assert "--gres=gpu:1" in script and "--nthreads 2" in script and "-t 04:00:00" in script
+    assert "export OMP_NUM_THREADS=4" in script and "MALLOC_ARENA_MAX" not in script  # a GPU job
+    assert "--protocol tls://" in script and "-J blockpred-test" in script
 
 
 def test_a_child_python_of_the_tests_keeps_the_packages_found_through_pythonpath(monkeypatch, tmp_path):

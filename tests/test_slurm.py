@@ -11,6 +11,7 @@ per pass, so a test can act while the run goes on.  The node has
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -215,6 +216,7 @@ def test_with_every_job_gone_and_none_to_replace_it_the_run_ends_in_one_line_and
 
 def test_jobs_that_reach_their_time_limit_are_replaced_until_the_run_is_done(folder, volume, reference):
     # 32 passes of 3 s on one job: 96 s, and the job's limit is 1 min (SLURM ends it within about 30 s after).
+    faulthandler.cancel_dump_traceback_later()  # this test takes 2 min by design: no thread dump at 120 s
     run = SlurmRun(folder, volume, "--walltime", "00:01:00", delay_s=3.0, jobs=1).start()
     code, _, err = run.finish(limit_s=600)
     assert code == 0, err
