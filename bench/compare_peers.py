@@ -39,7 +39,7 @@ Networks: ``tiny`` (the preset: 4 features, depth 1, halo 10) and ``unet12``
 Sizes: ``--sizes 64,256,256x3,128,704,704x1`` = 64x256x256 (4.2 Mvox) in 3
 rounds and 128x704x704 (63 Mvox) in 1.
 
-Peers' installs: ``pip install monai`` (1.6.x needs only torch>=2.8 and numpy);
+Peers' installs: ``pip install -e ".[peers]"`` (monai; 1.6.x needs only torch>=2.8 and numpy);
 ``pip install --no-deps torch-em bioimage-cpp`` (see below).
 
 torch-em import (torch-em 0.10.x): ``torch_em.util.prediction`` needs only

@@ -327,17 +327,28 @@ def format_markdown(results: list[ThroughputResult], pipeline: PipelineResult | 
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[ThroughputResult], path: str) -> None:
-    """Output Mvox/s against batch size, one line per precision (matplotlib, from the ``bench`` extra)."""
-    try:
-        import matplotlib
+#: How to install what ``--plot`` needs, from blockpred's checkout (blockpred is not on the package index).
+PLOT_INSTALL = "pip install -e \".[bench]\" in blockpred's checkout (or pip install matplotlib)"
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+
+def check_plot() -> None:
+    """Before any measuring: ``--plot`` needs matplotlib (one line saying how to install it)."""
+    try:
+        import matplotlib  # noqa: F401
     except ImportError:
         from .errors import InvalidOptionError
 
-        raise InvalidOptionError("--plot needs matplotlib: pip install 'blockpred[bench]'") from None
+        raise InvalidOptionError(f"--plot needs matplotlib: {PLOT_INSTALL}") from None
+
+
+def plot(results: list[ThroughputResult], path: str) -> None:
+    """Output Mvox/s against batch size, one line per precision (matplotlib, from the ``bench`` extra)."""
+    check_plot()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     figure, axes = plt.subplots(figsize=(6, 4))
     for precision in dict.fromkeys(r.precision for r in results):
         rows = sorted((r for r in results if r.precision == precision), key=lambda r: r.batch_size)

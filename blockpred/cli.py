@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--train", action="store_true", help="also time training iterations on the same block")
     bench.add_argument("--json", help="write every figure and the environment to this JSON file")
     bench.add_argument("--markdown", help="write the tables as markdown to this file")
-    bench.add_argument("--plot", help="PNG of throughput against batch size and precision (needs blockpred[bench])")
+    bench.add_argument("--plot", help="PNG of throughput against batch size and precision (needs matplotlib: pip install -e \".[bench]\")")
 
     demo = sub.add_parser("demo", help="predict a synthetic EM volume with the default network")
     demo.add_argument("--dir", default="blockpred-demo", help="where to write the demo volume and output [./blockpred-demo]")
@@ -245,6 +245,9 @@ def _bench(args: argparse.Namespace) -> int:
     from .config import parse_shape
     from .errors import InvalidOptionError
     from .metrics import extrapolate, format_extrapolation, halo_overhead, parse_size
+
+    if args.plot:
+        benchmark.check_plot()  # now, not after minutes of measuring
 
     def numbers(text: str, name: str, kind=int) -> list:
         try:

@@ -344,11 +344,29 @@ def _normalise(name: str, value: Any) -> Any:
     return value
 
 
+#: The run configs in blockpred's checkout (``configs/``), named by ``--config NAME``.
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+#: Files there that are not run options (``slurm.yaml`` is dask-jobqueue's, for ``--jobqueue-config``).
+_NOT_RUN_CONFIGS = ("slurm",)
+
+
+def shipped_configs() -> list[str]:
+    """The names ``--config`` takes for the configs shipped with blockpred."""
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml") if p.stem not in _NOT_RUN_CONFIGS)
+
+
 def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    """The options of a YAML file (keys as in :class:`RunConfig`; ``-`` may stand for ``_``)."""
+    """The options of a YAML file (keys as in :class:`RunConfig`; ``-`` may stand for ``_``).
+
+    A bare name that is no file here (``tiny``, ``cremi2018.yaml``) names a config shipped with
+    blockpred, so ``--config tiny`` works from any directory.
+    """
     path = Path(path)
+    if not path.is_file() and path.parent == Path(".") and path.stem in shipped_configs():
+        path = SHIPPED_CONFIGS / f"{path.stem}.yaml"
     if not path.is_file():
-        raise InputNotFoundError(f"config file {str(path)!r} does not exist")
+        raise InputNotFoundError(f"config file {str(path)!r} does not exist; blockpred's own are named "
+                                 f"{', '.join(shipped_configs())} (e.g. --config tiny)")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:

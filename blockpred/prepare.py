@@ -320,8 +320,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
                          todo_share=todo_share)
     plan, geometry, output = layout.plan, layout.geometry, layout.output
-    warning = small_block_warning(plan, block_step(_downsampling(cfg, model), cfg.output_chunks, cfg.shards))
-    if warning:
+    warnings = [small_block_warning(plan, block_step(_downsampling(cfg, model), cfg.output_chunks, cfg.shards)),
+                _slow_precision_warning(cfg.precision, device), _long_run_warning(layout.defaults, device)]
+    for warning in filter(None, warnings):
         logger.warning("%s", warning)
     channels = _check_channels(cfg.channels, geometry)
     settings = PipelineSettings(
@@ -502,6 +503,28 @@ def _check_inodes(target: VolumePath, plan: BlockPlan, output: OutputLayout, fin
             f"file system of {place} has {info.f_favail:,} free inodes; write fewer, larger files (--shards block for "
             f"a zarr v3 output, or larger --output-chunks), or choose another file system"
         )
+
+
+#: A run estimated longer than this (seconds) says so before it starts.
+LONG_RUN_S = 600.0
+
+
+def _slow_precision_warning(precision: str, device) -> str:
+    """fp16 and bf16 pay on GPUs; on a CPU autocast ran bf16 18x slower than fp32 (2 cores, issue 25)."""
+    if device.type == "cpu" and precision in ("fp16", "bf16"):
+        return (f"--precision {precision} on the CPU is usually several times slower than fp32 (autocast on a "
+                f"CPU); use --precision fp32 unless you need {precision}'s numbers")
+    return ""
+
+
+def _long_run_warning(defaults: Defaults | None, device) -> str:
+    """A run of hours says so at its start (a 3D U-Net on a CPU), not only in its progress bar."""
+    if defaults is None or defaults.estimated_run_s < LONG_RUN_S:
+        return ""
+    hours = defaults.estimated_run_s / 3600
+    length = f"{hours:.1f} h" if hours >= 1 else f"{defaults.estimated_run_s / 60:.0f} min"
+    hint = "; a GPU (--device cuda) is far faster" if device.type == "cpu" else ""
+    return f"this run is estimated at {length} on {device} (blocks x one pass at the start block){hint}"
 
 
 def _check_pyramid(cfg: RunConfig, source, target_path: VolumePath) -> None:

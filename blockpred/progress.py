@@ -37,6 +37,15 @@ class ProgressBar:
                 self._bar.set_postfix_str(f"{rate:.2f} Mvox/s", refresh=False)
             self._bar.update(blocks)
 
+    def write(self, line: str) -> None:
+        """``line`` on stderr, above the bar while there is one (a plain print would be drawn over)."""
+        import sys
+
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
     def __exit__(self, *exc):
         if self._bar is not None:
             self._bar.close()

@@ -267,12 +267,14 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
                 target, plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo),
                 num_resumed, masked)
     workers: dict = {}
-    with ProgressBar(len(todo), enabled=cfg.progress) as on_progress:
+    bar = ProgressBar(len(todo), enabled=cfg.progress)
+    with bar as on_progress:
         if cluster is None or len(todo) == 0:
             stats = _run_local(job, todo, predictor, cfg.retries, on_progress)
             where = str(predictor.device)
         else:
-            stats, workers = _run_on_dask(job, todo, cluster, cfg.retries, cfg.no_worker_timeout, on_progress)
+            stats, workers = _run_on_dask(job, todo, cluster, cfg.retries, cfg.no_worker_timeout, on_progress,
+                                          bar.write)
             where = ", ".join(sorted({w.device for w in workers.values()})) or str(predictor.device)
     stats.num_skipped += masked
     return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers,
@@ -314,11 +316,11 @@ def _run_local(job: Job, todo, predictor: Predictor, retries: int, on_progress) 
 
 
 def _run_on_dask(job: Job, todo, cluster: "Cluster", retries: int, no_worker_timeout: float,
-                 on_progress) -> tuple[RunStats, dict]:
+                 on_progress, write=lambda line: print(line, file=sys.stderr)) -> tuple[RunStats, dict]:
     from .scheduler import run_distributed
 
     def dashboard(link: str) -> None:
-        print(f"blockpred: dask dashboard at {link}", file=sys.stderr)
+        write(f"blockpred: dask dashboard at {link}")  # above the progress bar, not drawn over by it
 
     result = run_distributed(job, todo, cluster, retries=retries, no_worker_timeout=no_worker_timeout,
                              on_progress=on_progress, on_dashboard=dashboard)

@@ -68,3 +68,16 @@ def test_bench_refuses_a_block_off_the_networks_grid_as_run_does(capsys):
     assert main(["bench", "--model", "tiny", "--device", "cpu", "--block", "15,16,16", "--iterations", "1"]) == 2
     err = capsys.readouterr().err
     assert "not a multiple of the network's downsampling (2, 2, 2)" in err and "--block 16,16,16" in err
+
+
+def test_plot_without_matplotlib_is_refused_before_anything_is_measured(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed: import fails
+    report = tmp_path / "b.json"
+    assert main(["bench", "--model", "tiny", "--device", "cpu", "--block", "16", "--iterations", "1",
+                 "--json", str(report), "--plot", str(tmp_path / "b.png")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == ('blockpred: error: --plot needs matplotlib: pip install -e ".[bench]" in '
+                                    "blockpred's checkout (or pip install matplotlib)")
+    assert captured.out == "" and not report.exists()  # nothing measured, nothing written

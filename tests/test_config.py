@@ -130,3 +130,15 @@ def test_a_config_file_may_not_set_trust_or_name_a_factory_without_it(tmp_path):
     assert make_config(path, model="subprocess:getoutput").model_kwargs == {"cmd": "touch X"}
     path.write_text("model: tiny\n")
     assert make_config(path).model == "tiny"  # a preset runs no code from anywhere
+
+
+def test_a_bare_config_name_takes_the_shipped_config_from_any_directory(tmp_path, monkeypatch):
+    from blockpred.config import load_config_file, make_config, shipped_configs
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    assert {"tiny", "cremi2018", "unet32", "cluster-run"} <= set(shipped_configs()) and "slurm" not in shipped_configs()
+    assert make_config("tiny").model == "tiny" and load_config_file("cremi2018.yaml")["model"] == "cremi2018"
+    (tmp_path / "tiny").write_text("model: unet32\n")  # a file of that name here is what the user means
+    assert make_config("tiny").model == "unet32"
+    with pytest.raises(InputNotFoundError, match="blockpred's own are named cluster-run, cremi2018, tiny"):
+        load_config_file("tyni")

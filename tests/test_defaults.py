@@ -255,3 +255,21 @@ def test_on_a_stand_in_device_the_defaults_never_choose_a_block_slower_than_the_
     assert summary.defaults.how.startswith("measured") and summary.defaults.block is not None
     assert device_s(summary.plan.block_shape) <= device_s(start) / 0.9
     assert np.array_equal(_read(str(tmp_path / "out.zarr"))[0], data)  # and it is the copy it should be
+
+
+def test_a_run_says_before_it_starts_when_it_will_be_long_or_its_precision_is_slow_on_the_cpu(tmp_path, caplog):
+    import torch
+
+    from blockpred.defaults import Defaults
+    from blockpred.prepare import _long_run_warning
+
+    cpu = torch.device("cpu")
+    hours = Defaults(block=None, batch_size=1, memory_format=None, estimated_run_s=3 * 3600, measured_s=0, how="")
+    assert _long_run_warning(hours, cpu).startswith("this run is estimated at 3.0 h on cpu")
+    assert "--device cuda" in _long_run_warning(hours, cpu)
+    assert _long_run_warning(Defaults(None, 1, None, 599.0, 0, ""), cpu) == ""
+    data = np.random.default_rng(2).integers(0, 255, (16, 32, 32), dtype=np.uint8)
+    source = write_test_volume(str(tmp_path / "in.zarr"), data)
+    blockpred.predict(source, str(tmp_path / "out.zarr"), block=16, halo=4, precision="bf16", progress=False)
+    slow = [r.getMessage() for r in caplog.records if "--precision bf16 on the CPU" in r.getMessage()]
+    assert len(slow) == 1 and "use --precision fp32" in slow[0]
