@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -99,6 +100,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "anonymous=true (no signing), profile=NAME; repeatable")
     g.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+    g.add_argument("--progress-json", metavar="FILE",
+                   help="progress as JSON lines to FILE (- for stderr): a start event with the plan, progress "
+                        "at most every second, an end event with the summary or the error")
 
 
 _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
@@ -106,7 +110,7 @@ _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling"
              "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
              "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method",
              "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs", "partition", "account",
-             "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config")
+             "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config", "progress_json")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="predict a volume", description="Predict INPUT block by block into OUTPUT.")
     run.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset or file.h5:/dataset")
     run.add_argument("output", nargs="?", help="where to write [a sibling 'prediction' dataset, or vol.prediction.zarr]")
-    run.add_argument("--config", help="YAML file with any of the options below (flags override it)")
+    run.add_argument("--config", help="YAML file with any of the options below (flags override it), or the name of "
+                     "one shipped with blockpred (tiny, cremi2018, unet32, cluster-run)")
+    run.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
     _add_run_options(run)
 
     plan = sub.add_parser("plan", help="what `run` would do and how long it would take; runs and writes nothing",
@@ -188,7 +194,8 @@ def _run(args: argparse.Namespace) -> int:
 
     options = {key: getattr(args, key) for key in _RUN_KEYS}
     summary = predict(args.input, args.output, config=args.config, **options)
-    print(dataclasses.replace(summary, start_time=_process_start_time(summary.start_time)))
+    summary = dataclasses.replace(summary, start_time=_process_start_time(summary.start_time))
+    print(json.dumps(summary.as_dict()) if args.json else summary)
     return 0
 
 

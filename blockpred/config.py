@@ -91,6 +91,9 @@ class RunConfig:
     prefetch: int = 4
     overwrite: bool = False
     progress: bool = True
+    #: Progress as JSON lines (start, progress at most every second, end with the summary) to this file,
+    #: or ``-`` for stderr (see blockpred.events); None: none.
+    progress_json: str | None = None
     #: Run in this process, without dask (one device).  A run with one device and no ``workers`` or
     #: ``scheduler`` does so anyway (see :func:`blockpred.prepare.resolve_paths`).
     local: bool = False
@@ -339,7 +342,7 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "storage_options":
         return StorageOptions.parse(value)
     if name in ("weights", "device", "scheduler", "mask", "partition", "account", "walltime", "memory",
-                "jobqueue_config"):
+                "jobqueue_config", "progress_json"):
         return str(value)
     return value
 

@@ -7,7 +7,7 @@ import time
 
 
 class ProgressBar:
-    """A tqdm bar over blocks with Mvox/s; a no-op when disabled.  Called with (blocks, voxels) as they finish."""
+    """A tqdm bar over blocks with Mvox/s; a no-op when disabled.  Called with (blocks, voxels[, worker])."""
 
     def __init__(self, num_blocks: int, enabled: bool):
         self._num_blocks = num_blocks
@@ -25,7 +25,7 @@ class ProgressBar:
         self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
         return self._update
 
-    def _update(self, blocks: int, voxels: int) -> None:
+    def _update(self, blocks: int, voxels: int, worker: str | None = None) -> None:
         with self._lock:
             now = time.perf_counter()
             if self._first is None:  # rate from the first finished block: start-up is not throughput

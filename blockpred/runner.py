@@ -33,6 +33,7 @@ from .memformat import FormatChoice
 from .runplan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
 from .prepare import Prepared, create_output, model_key_of, prepare, resolve_paths
+from .events import ProgressEvents
 from .progress import ProgressBar
 
 if TYPE_CHECKING:
@@ -116,6 +117,28 @@ class PredictionSummary:
         lines += [note for note in (s.nonfinite_note(self.output_dtype), s.missing_chunks_note()) if note]
         return "\n".join(lines)
 
+    def as_dict(self) -> dict:
+        """The summary as JSON values (``blockpred run --json``, the ``end`` event of ``--progress-json``)."""
+        s = self.stats
+        return {
+            "input": self.input, "output": self.output, "model": self.model, "device": self.device,
+            "blocks": int(self.plan.num_blocks), "predicted_blocks": s.num_blocks, "resumed_blocks": self.num_resumed,
+            "skipped_blocks": s.num_skipped, "voxels": s.num_voxels, "seconds": round(s.seconds, 3),
+            "mvox_per_s": round(s.mvox_per_s, 3),
+            "started_s": None if self.started_s is None else round(self.started_s, 3),
+            "block": list(self.plan.block_shape), "halo": list(self.plan.halo), "batch_size": self.batch_size,
+            "output_dtype": self.output_dtype,
+            "chosen": None if self.defaults is None else str(self.defaults),
+            "stages_s": {name: round(getattr(s, f"{name}_s"), 3) for name in ("read", "transfer", "compute", "write")},
+            "workers": {w.name: {"device": w.device, "blocks": w.num_blocks, "mvox_per_s": round(w.mvox_per_s, 3)}
+                        for w in self.workers.values()},
+            "nonfinite": {"values": s.num_nonfinite, "blocks": s.num_nonfinite_blocks},
+            "missing_chunks": {"counted": s.missing_chunks_counted, "distinct": len(s.missing_chunks),
+                               "reads": s.num_missing_chunk_reads, "blocks": s.num_missing_chunk_blocks},
+            "out_of_memory": s.out_of_memory,
+            "pyramid": None if self.pyramid is None else str(self.pyramid),
+        }
+
     def warnings(self) -> list[str]:
         """Values written that may be wrong without an error: NaN or inf outputs, missing input chunks."""
         counted = self.stats.missing_chunks_counted and self.stats.num_missing_chunk_reads
@@ -140,6 +163,27 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     """
     start_time = time.time()
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
+    with ProgressEvents(cfg.progress_json) as events:
+        try:
+            summary = _predict(cfg, source_path, target_path, start_time, events)
+        except BaseException as err:
+            failed = getattr(err, "failed", None)
+            events.end(error=_event_error(err), failed_blocks=len(failed) if failed else 0)
+            raise
+        events.end(summary.as_dict())
+    return summary
+
+
+def _event_error(err: BaseException) -> str:
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    from .cli import _one_line
+
+    return _one_line(err)
+
+
+def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, start_time: float,
+             events: ProgressEvents) -> PredictionSummary:
     cluster = None
     lock_at = lock_path(markers_path(target_path))
     # The lock outlives the cluster: no worker of this run writes once it is released.
@@ -167,7 +211,7 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
                   skip_empty=cfg.skip_empty)
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
-                           cluster)
+                           cluster, events)
         pipeline_time = time.time() - summary.stats.seconds
         pyramid = _pyramid(cfg, job.target, summary, cluster) if cfg.pyramid else None
     _record_throughput(p, summary)
@@ -257,7 +301,7 @@ def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
 
 
 def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str, target: str,
-             resumed: bool, cluster: "Cluster | None") -> PredictionSummary:
+             resumed: bool, cluster: "Cluster | None", events: ProgressEvents) -> PredictionSummary:
     plan, markers = job.plan, job.markers
     todo = markers.todo_ids()  # in bulk: one boolean per block, never a Python object per block
     # A fresh run's masked-out blocks are this run's skips; a resumed run finds them finished.
@@ -267,8 +311,14 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
                 target, plan.num_blocks, tuple(plan.block_shape), tuple(plan.input_shape), tuple(plan.halo),
                 num_resumed, masked)
     workers: dict = {}
+    on_dask = cluster is not None and len(todo) > 0
+    events.start(input=source, output=target, model=model_name, device=cfg.device if on_dask else str(predictor.device),
+                 blocks=int(plan.num_blocks), blocks_todo=len(todo), blocks_resumed=num_resumed, blocks_masked=masked,
+                 voxels=int(plan.num_output_voxels), block=list(plan.block_shape), halo=list(plan.halo),
+                 batch_size=job.settings.batch_size, workers=(cfg.workers or cfg.jobs) if on_dask else None)
     bar = ProgressBar(len(todo), enabled=cfg.progress)
-    with bar as on_progress:
+    with bar as bar_update:
+        on_progress = _both(bar_update, events if events.enabled else None)
         if cluster is None or len(todo) == 0:
             stats = _run_local(job, todo, predictor, cfg.retries, on_progress)
             where = str(predictor.device)
@@ -279,6 +329,20 @@ def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, so
     stats.num_skipped += masked
     return PredictionSummary(source, target, model_name, where, plan, stats, num_resumed=num_resumed, workers=workers,
                              batch_size=job.settings.batch_size, output_dtype=job.settings.output_dtype.name)
+
+
+def _both(bar, events):
+    """One observer for the progress bar and the progress events: called with (blocks, voxels[, worker])."""
+    if events is None:
+        return bar
+    if bar is None:
+        return events
+
+    def update(blocks: int, voxels: int, worker: str | None = None) -> None:
+        bar(blocks, voxels, worker)
+        events(blocks, voxels, worker)
+
+    return update
 
 
 def _take_lock(at, output: str) -> OutputLock:

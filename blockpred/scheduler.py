@@ -224,7 +224,9 @@ class _Reporter:
             blocks, voxels, self._blocks, self._voxels = self._blocks, self._voxels, 0, 0
             self._last = time.monotonic()
         if blocks:
-            self._worker.log_event(PROGRESS_TOPIC, {"key": self._key, "blocks": blocks, "voxels": voxels})
+            # "name": the scheduler sets "worker" to the worker's address
+            self._worker.log_event(PROGRESS_TOPIC, {"key": self._key, "blocks": blocks, "voxels": voxels,
+                                                    "name": str(self._worker.name)})
 
 
 class TaskFeed:
@@ -313,7 +315,7 @@ def _feed(client, job: Job, block_ids, retries: int, torch_threads: int | None,
         _, message = event
         if message.get("key") == key and on_progress is not None:
             with lock:
-                on_progress(int(message["blocks"]), int(message["voxels"]))
+                on_progress(int(message["blocks"]), int(message["voxels"]), message.get("name"))
 
     client.subscribe_topic(PROGRESS_TOPIC, progress)
     try:
