@@ -134,6 +134,9 @@ class RunConfig:
     #: How to reach object stores (``s3://`` paths of input, output, mask and markers): endpoint_url,
     #: region, anonymous, profile; over the AWS environment variables and config (see blockpred.io.stores).
     storage_options: StorageOptions = StorageOptions()
+    #: Test-time augmentation: "off", "flips" (the mean over the 8 flips of z, y, x) or "flips-yx" (4, of y
+    #: and x); see blockpred.models.tta.
+    tta: str = "off"
     #: An input chunk that is not stored (usually a failed transfer): "warn" reads it as the fill value and
     #: counts it in the summary; "error" fails the block that reads it (not retried).
     missing_chunks: str = "warn"
@@ -296,6 +299,12 @@ def _normalise(name: str, value: Any) -> Any:
         from .downsample import check_method
 
         return check_method(value)
+    if name == "tta":
+        from .models.tta import TTA_MODES
+
+        if str(value).lower() not in TTA_MODES:
+            raise InvalidOptionError(f"tta must be one of {', '.join(TTA_MODES)}, got {value!r}")
+        return str(value).lower()
     if name == "gpus_per_job":
         return _count(value, name, least=0, what="non-negative number of GPUs")
     if name == "no_worker_timeout":

@@ -57,11 +57,15 @@ class Job:
     memory_format: str = "contiguous"
     #: Skip blocks whose input is all one value.
     skip_empty: bool = False
+    #: Test-time augmentation (see :mod:`blockpred.models.tta`).
+    tta: str = "off"
 
     def make_predictor(self, device: str | None = None) -> Predictor:
-        """Load the model and put it on ``device`` (default: the job's)."""
-        return Predictor(self.model.load().module, resolve_device(device or self.device), self.precision,
-                         compile=self.compile, memory_format=self.memory_format)
+        """Load the model (with its test-time augmentation) and put it on ``device`` (default: the job's)."""
+        from .models.tta import with_tta
+
+        return Predictor(with_tta(self.model.load().module, self.tta), resolve_device(device or self.device),
+                         self.precision, compile=self.compile, memory_format=self.memory_format)
 
     def blocks(self, block_ids: Iterable[int]) -> Iterator[Block]:
         """The blocks of ``block_ids``, made one at a time as the pipeline reads them (never a list of millions)."""

@@ -82,12 +82,17 @@ def markers_path(target: VolumePath) -> Path | ObjectUrl:
     return container.with_name(container.name + ".blockpred") / (target.dataset or _ROOT_NAME)
 
 
+#: Fingerprint keys left out at their default (so outputs of runs before the key existed still resume): that value.
+FINGERPRINT_DEFAULTS = {"tta": "off"}
+
+
 def describe_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``["halo (10, 10, 10) -> (8, 8, 8)", ...]`` for every key whose value differs."""
     changes = []
     for key in sorted(set(before) | set(now)):
-        if before.get(key) != now.get(key):
-            changes.append(f"{key} {_show(before.get(key))} -> {_show(now.get(key))}")
+        was, is_ = (values.get(key, FINGERPRINT_DEFAULTS.get(key)) for values in (before, now))
+        if was != is_:
+            changes.append(f"{key} {_show(was)} -> {_show(is_)}")
     return changes
 
 

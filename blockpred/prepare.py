@@ -207,8 +207,10 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
 
 def model_key_of(cfg: RunConfig, model) -> dict:
     kwargs = {k: v for k, v in cfg.model_kwargs.items() if k != STATISTICS_KEY}  # speed does not depend on them
-    return model_key(model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind, model.weights_sha256,
-                     kwargs)
+    name = model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind
+    if cfg.tta != "off":  # a pass per flip: timed and cached apart
+        name = f"{name} (tta {cfg.tta})"
+    return model_key(name, model.weights_sha256, kwargs)
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     if cfg.memory_format == "auto" and cfg.compile != "off":
         raise InvalidOptionError("--memory-format auto measures both layouts uncompiled; with --compile name the "
                                  "layout: --memory-format contiguous or channels_last")
-    predictor = Predictor(model.module, device, cfg.precision, compile=cfg.compile,
+    from .models.tta import with_tta
+
+    predictor = Predictor(with_tta(model.module, cfg.tta), device, cfg.precision, compile=cfg.compile,
                           memory_format=_start_format(cfg))
     resume_block = None
     if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
@@ -572,6 +576,7 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
         "output_shards": output.shards,
         "channels": channels, "skip_empty": cfg.skip_empty,
         "mask": None if mask is None else [_real_name(mask.path), mask.mask_shape],
+        **({"tta": cfg.tta} if cfg.tta != "off" else {}),  # absent when off: outputs of older runs still resume
     }
 
 

@@ -208,7 +208,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
             markers = create_output(p, source, owner=lock.token)
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
                   device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
-                  skip_empty=cfg.skip_empty)
+                  skip_empty=cfg.skip_empty, tta=cfg.tta)
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster, events)
