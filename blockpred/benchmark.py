@@ -123,13 +123,17 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
         halo: Coord | None = None, batch_sizes: tuple[int | str, ...] = (1,), precisions: tuple[str, ...] = ("fp32",),
         device: str = "auto", warmup: int = 2, iterations: int = 5, compile: str = "off",
         memory_format: str = "contiguous", region: Coord = Coord((128, 256, 256)),
-        progress=None) -> list[ThroughputResult]:
+        progress=None, tta: str = "off") -> list[ThroughputResult]:
     """Measure every batch size x precision; shapes from the options or the model's defaults.
+
+    ``tta`` times the network under test-time augmentation (a pass per flip), so
+    Mvox/s and the extrapolation from it count what ``run --tta`` costs.
 
     ``block="auto"`` or a batch size ``"auto"`` choose them per precision as
     ``blockpred run`` would for a volume of shape ``region``.
     """
     from .models import load_model
+    from .models.tta import with_tta
     from .network import probe_network
     from .pipeline import resolve_device
     from .prepare import DEFAULT_BLOCK, DEFAULT_HALO
@@ -144,7 +148,8 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     results = []
     for precision in precisions:
         chosen = given
-        predictor = Predictor(loaded.module, target, precision, compile=compile, memory_format=memory_format)
+        predictor = Predictor(with_tta(loaded.module, tta), target, precision, compile=compile,
+                              memory_format=memory_format)
         batches = list(batch_sizes)
         if block == "auto" or "auto" in batches:
             sizing = _auto_size(loaded, predictor, in_channels, chosen, halo_, region,

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch.compile the network [off]")
     bench.add_argument("--memory-format", default="contiguous", choices=("contiguous", "channels_last"),
                        help="activation layout [contiguous]")
+    bench.add_argument("--tta", default="off", choices=("off", "flips", "flips-yx"),
+                       help="time the network under test-time augmentation (a pass per flip), so Mvox/s and "
+                            "--extrapolate count its cost [off]")
     bench.add_argument("--precision", default="fp32", help="precisions, e.g. fp32,tf32,fp16,bf16 [fp32]")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N [auto]")
     bench.add_argument("--warmup", type=int, default=2, help="untimed passes per configuration [2]")
@@ -288,7 +291,7 @@ def _bench(args: argparse.Namespace) -> int:
             batch_sizes=tuple(batch_sizes), precisions=tuple(precisions),
             device=args.device, warmup=args.warmup, iterations=args.iterations, compile=args.compile,
             memory_format=args.memory_format, region=parse_shape(args.volume_shape, "volume shape"),
-            progress=lambda text: say(f"measuring {text}"))
+            progress=lambda text: say(f"measuring {text}"), tta=args.tta)
         first = results[0]
         print(f"model {first.model} on {first.device}: block {tuple(first.block)} -> network input "
               f"{tuple(first.input_shape)}; Mvox/s of output (block) and network-input voxels")
