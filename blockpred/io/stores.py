@@ -239,11 +239,16 @@ def aws_credentials(options: StorageOptions) -> dict:
     return {"type": "default"}
 
 
+def context():
+    """The tensorstore context of every volume and store (thread pools and limits); tensorstore imported here."""
+    import tensorstore as ts
+
+    return ts.Context()
+
+
 @functools.lru_cache(maxsize=64)
 def _open_kvstore(spec_json: str):
     import tensorstore as ts
-
-    from .tensorstore_io import context
 
     return ts.KvStore.open(json.loads(spec_json), context=context()).result()
 

@@ -34,15 +34,10 @@ import tensorstore as ts
 
 from ..geometry import Box, Coord
 from .base import Volume, VolumePath
-from .stores import ObjectUrl, kvstore_spec
+from .stores import ObjectUrl, context, kvstore_spec
 
 
 @functools.cache
-def context() -> ts.Context:
-    """The process-wide tensorstore context (thread pools and limits shared by every volume)."""
-    return ts.Context()
-
-
 def kvstore(path: VolumePath, key: str = "") -> dict:
     """The tensorstore kvstore spec of ``key`` (a ``/``-separated path) inside ``path``'s container.
 

@@ -402,8 +402,8 @@ def _read_checked(package: Package, entry, located, what: str) -> bytes:
 
 
 def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, Any], trust_pickle: bool):
-    """The package as a :class:`~.loading.LoadedModel` (kind ``"bioimageio"``); see the module docstring."""
-    from .loading import _describe
+    """The package as a :class:`~.loaded.LoadedModel` (kind ``"bioimageio"``); see the module docstring."""
+    from .loaded import describe
 
     if weights is not None:
         raise InvalidOptionError(f"bioimage.io package {str(model)!r} holds its own weights; drop --weights")
@@ -429,7 +429,7 @@ def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, An
     module = module.to(device="cpu").eval()
     # The fingerprint of the weights and of the description (its processing, axes, halo) together.
     sha = hashlib.sha256((weights_sha + package.rdf_sha256).encode()).hexdigest()
-    return _describe(module, name=package.name, kind="bioimageio", sha=sha,
+    return describe(module, name=package.name, kind="bioimageio", sha=sha,
                      default_block=package.default_block,
                      # None stated: blockpred's default, except where a fixed input shape leaves no room for one.
                      default_halo=package.halo if any(package.halo) or any(package.fixed) else None)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -56,6 +55,7 @@ from torch import nn
 from ..errors import InputNotFoundError, InvalidOptionError, ModelLoadError
 from ..geometry import Coord
 from .bioimageio import is_package
+from .loaded import LoadedModel, describe
 from .presets import PRESETS
 from .state_dicts import build_from_state_dict, find_state_dict, load_strict, strip_prefix
 from .torchfile import file_sha256, has_placeholders, is_placeholder, read_torch_file, state_dict_sha256
@@ -70,34 +70,6 @@ _ACCEPTS = (
     "state dict, a pickled inferno checkpoint (with --trust-pickle), package.module:factory (with --weights "
     "for any other architecture), or a bioimage.io package (rdf.yaml or .zip)"
 )
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A network ready to predict, and what blockpred knows about it.
-
-    ``name`` is the preset name, file path, ``package.module:factory``, module
-    class name or a bioimage.io package's name; ``kind`` one of ``"preset"``,
-    ``"torchscript"``, ``"factory"``, ``"inferno-state-dict"``, ``"state-dict"``,
-    ``"pickle"``, ``"module"`` or ``"bioimageio"``.
-    ``in_channels`` / ``out_channels`` are None when unknown (the caller finds
-    them by a dry run or from the volume); ``downsampling`` is (1, 1, 1) and
-    ``padding`` None when unknown.  ``default_block`` / ``default_halo`` are
-    set by presets and by modules that carry such attributes.
-    ``weights_sha256`` fingerprints the weights: the hash of the weights file's
-    bytes, or of the state dict's tensors when there is no file.
-    """
-
-    module: nn.Module
-    name: str
-    kind: str
-    in_channels: int | None
-    out_channels: int | None
-    downsampling: Coord
-    padding: str | None
-    default_block: Coord | None
-    default_halo: Coord | None
-    weights_sha256: str
 
 
 def load_model(
@@ -193,7 +165,7 @@ def _load_preset(name: str, weights: str | None, kwargs: dict, trust_pickle: boo
         sha = state_dict_sha256(module.state_dict())
     else:
         sha = _load_weights_into(module, weights, trust_pickle, f"preset {name!r}")
-    return _describe(module, name=name, kind="preset", sha=sha,
+    return describe(module, name=name, kind="preset", sha=sha,
                      default_block=preset.default_block, default_halo=preset.default_halo)
 
 
@@ -208,7 +180,7 @@ def _load_module(module: nn.Module, weights: str | None, kwargs: dict, trust_pic
         sha = state_dict_sha256(module.state_dict())
     else:
         sha = _load_weights_into(module, weights, trust_pickle, f"module {type(module).__name__}")
-    return _describe(module, name=type(module).__name__, kind="module", sha=sha,
+    return describe(module, name=type(module).__name__, kind="module", sha=sha,
                      default_block=None, default_halo=None)
 
 
@@ -245,7 +217,7 @@ def _load_factory(spec: str, weights: str | None, kwargs: dict, trust_pickle: bo
         sha = state_dict_sha256(module.state_dict())
     else:
         sha = _load_weights_into(module, weights, trust_pickle, f"factory {spec!r}")
-    return _describe(module, name=spec, kind="factory", sha=sha)
+    return describe(module, name=spec, kind="factory", sha=sha)
 
 
 def _load_weights_into(module: nn.Module, weights: str, trust_pickle: bool, what: str) -> str:
@@ -277,12 +249,12 @@ def _load_file(path: Path, kwargs: dict, trust_pickle: bool) -> LoadedModel:
     if loaded.kind == "torchscript":
         if kwargs:
             raise InvalidOptionError(f"model_kwargs do not apply to TorchScript archive {str(path)!r}; drop them")
-        return _describe(_ready(loaded.obj), name=str(path), kind="torchscript", sha=sha)
+        return describe(_ready(loaded.obj), name=str(path), kind="torchscript", sha=sha)
 
     state = find_state_dict(loaded.obj)
     if state is not None:
         module, kind = _module_from_state_dict(state, kwargs, path, hints={})
-        return _describe(module, name=str(path), kind=kind, sha=sha)
+        return describe(module, name=str(path), kind=kind, sha=sha)
 
     found = _find_module(loaded.obj)
     if found is None:
@@ -293,12 +265,12 @@ def _load_file(path: Path, kwargs: dict, trust_pickle: bool) -> LoadedModel:
         # Every class in it could be imported (the user trusted the file): run it as it is.
         if kwargs:
             raise InvalidOptionError(f"model_kwargs do not apply to the pickled module in {str(path)!r}; drop them")
-        return _describe(_ready(found), name=str(path), kind="pickle", sha=sha)
+        return describe(_ready(found), name=str(path), kind="pickle", sha=sha)
     logger.info("%s: rebuilding %s from its state dict", path, type(found).__qualname__)
     module, _ = _module_from_state_dict(
         strip_prefix(found.state_dict()), kwargs, path, hints=_hints_from_pickled(found)
     )
-    return _describe(module, name=str(path), kind="pickle", sha=sha)
+    return describe(module, name=str(path), kind="pickle", sha=sha)
 
 
 def _find_module(obj, depth: int = 0) -> nn.Module | None:
@@ -353,35 +325,3 @@ def _module_from_state_dict(state: dict, kwargs: dict, path: Path, hints: dict) 
 def _ready(module: nn.Module) -> nn.Module:
     """Eval mode, float32, on the CPU."""
     return module.to(device="cpu", dtype=torch.float32).eval()
-
-
-def _describe(module: nn.Module, *, name: str, kind: str, sha: str,
-              default_block: Coord | None = None, default_halo: Coord | None = None) -> LoadedModel:
-    def int_attr(attr: str) -> int | None:
-        value = getattr(module, attr, None)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    def coord_attr(attr: str) -> Coord | None:
-        value = getattr(module, attr, None)
-        try:
-            coord = Coord(value)
-        except (TypeError, ValueError):
-            return None
-        return coord if len(coord) == 3 else None
-
-    padding = getattr(module, "padding", None)
-    loaded = LoadedModel(
-        module=module,
-        name=name,
-        kind=kind,
-        in_channels=int_attr("in_channels"),
-        out_channels=int_attr("out_channels"),
-        downsampling=coord_attr("downsampling") or Coord((1, 1, 1)),
-        padding=padding if padding in ("same", "valid") else None,
-        default_block=default_block or coord_attr("default_block"),
-        default_halo=default_halo or coord_attr("default_halo"),
-        weights_sha256=sha,
-    )
-    logger.info("loaded model %s (%s): %s -> %s channels, downsampling %s", name, kind,
-                loaded.in_channels, loaded.out_channels, tuple(loaded.downsampling))
-    return loaded
