@@ -136,7 +136,7 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     from .models.tta import with_tta
     from .network import probe_network
     from .pipeline import resolve_device
-    from .prepare import DEFAULT_BLOCK, DEFAULT_HALO
+    from .runlayout import DEFAULT_BLOCK, DEFAULT_HALO
 
     target = resolve_device(device)
     loaded = load_model(model, weights=weights)  # once: each predictor casts its own copy to its precision

@@ -32,7 +32,9 @@ from .ownership import OutputLock, check_free, lock_path
 from .memformat import FormatChoice
 from .runplan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
-from .prepare import Prepared, create_output, model_key_of, prepare, resolve_paths
+from .output import create_output
+from .prepare import Prepared, prepare, resolve_paths
+from .runlayout import model_key_of
 from .events import ProgressEvents
 from .progress import ProgressBar
 

@@ -1,0 +1,348 @@
+"""A run's block, halo, batch and memory format: named by the options, else the model's, cached or measured.
+
+:func:`plan_layout` takes what the options name and fills in the rest: the
+start block (the model's default, 64^3, or a larger one for a network that
+reads no halo), the halo (the model's, a valid network's none), then the
+measured defaults (:mod:`blockpred.defaults`: a bounded quick search, cached)
+or the full trial search of ``--block auto`` / ``--batch-size auto``
+(:mod:`blockpred.autosize`), each ending in the network's dry run at the
+chosen block (:mod:`blockpred.network`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, probe_block
+from .blocking import BlockPlan, blocks_per_axis, plan_blocks
+from .config import RunConfig
+from .defaults import FORMAT_PASSES, Defaults, measuring_budget
+from .errors import InvalidOptionError
+from .geometry import Coord
+from .io import VolumePath, supports_sharding
+from .job import ModelSpec
+from .layout import OutputLayout, block_step, choose_layout
+from .memformat import REPEATS as FORMAT_REPEATS
+from .memformat import FormatChoice, choose_memory_format
+from .models.bioimageio import STATISTICS_KEY
+from .network import NetworkGeometry, probe_network
+from .pipeline import DeviceSteps, Predictor, is_out_of_memory, resolve_device
+
+logger = logging.getLogger(__name__)
+
+#: Block core when neither the options nor the model say (rounded to the downsampling).
+DEFAULT_BLOCK = Coord((64, 64, 64))
+#: Halo for a 'same' network that states none.
+DEFAULT_HALO = Coord((8, 8, 8))
+#: Start block of a network that reads no halo and no context (pointwise: a copy, a threshold, a stand-in):
+#: no block wastes any halo, so the larger block pays its per-block costs (reads, writes, markers) 16x less
+#: often (the copy network's command: 64^3 ran at 0.6 of this block's Mvox/s).
+ZERO_HALO_BLOCK = Coord((64, 256, 256))
+
+
+def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord) -> Coord:
+    """The block the options name; else the model's default (or 64^3), no larger than the ROI needs."""
+    if config.block is not None:
+        return config.block
+    block = model_block if model_block is not None else DEFAULT_BLOCK
+    step = block_step(downsampling, config.output_chunks, config.shards)
+    # A small volume gets one small block rather than one mostly made of padding.
+    return block.minimum(roi_shape).ceil_div(step) * step
+
+
+def model_key_of(cfg: RunConfig, model) -> dict:
+    kwargs = {k: v for k, v in cfg.model_kwargs.items() if k != STATISTICS_KEY}  # speed does not depend on them
+    name = model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind
+    if cfg.tta != "off":  # a pass per flip: timed and cached apart
+        name = f"{name} (tta {cfg.tta})"
+    return model_key(name, model.weights_sha256, kwargs)
+
+
+def network_downsampling(cfg: RunConfig, model) -> Coord:
+    return cfg.downsampling if cfg.downsampling is not None else model.downsampling
+
+
+@dataclass(frozen=True)
+class Layout:
+    plan: BlockPlan
+    geometry: NetworkGeometry
+    output: OutputLayout
+    batch_size: int
+    #: What ``--block auto`` / ``--batch-size auto`` chose, if asked.
+    sizing: SizeChoice | None = None
+    #: What the measured defaults chose (None when block, batch and memory format were all named).
+    defaults: Defaults | None = None
+    #: The memory format the measured defaults chose, if they measured or found one.
+    format_choice: FormatChoice | None = None
+
+
+def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
+                target_path: VolumePath, measure: bool = True, todo_share: float = 1.0) -> Layout:
+    """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run."""
+    downsampling = network_downsampling(cfg, model)
+    auto_block = cfg.block == "auto"
+    start_block = resume_block if cfg.block in ("auto", None) and resume_block is not None else (
+        None if auto_block else cfg.block)
+    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape)
+    searching = auto_block and resume_block is None
+    base_block = block
+    if searching:  # the dry run on a small block: the default one may not fit the device
+        block = probe_block(block, downsampling)
+
+    def layout_for(block: Coord) -> OutputLayout:
+        return choose_layout(block=block, volume_shape=source.spatial_shape, chunks=cfg.output_chunks,
+                             shards=cfg.shards, can_shard=supports_sharding(target_path), target=str(target_path))
+
+    output = None if searching else layout_for(block)
+    halo_defaulted = cfg.halo is None and model.default_halo is None
+    halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
+    if halo_defaulted and model.padding == "valid":
+        halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
+    # Check block, halo, chunks and ROI before the (possibly slow) dry run.
+    plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
+                downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
+    in_channels = source.num_channels or 1
+    started = time.perf_counter()
+    geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
+                             first_input=_valid_input_hint(model, block + halo * 2))
+    if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
+        # The dry run showed a valid network the model did not announce: drop the default halo.
+        halo = Coord((0, 0, 0))
+        started = time.perf_counter()
+        geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+    if (start_block is None and model.default_block is None and halo == Coord((0, 0, 0))
+            and geometry.context == Coord((0, 0, 0)) and not searching):
+        larger = _choose_block(cfg.replace(block=ZERO_HALO_BLOCK), None, downsampling, roi.shape)
+        if larger != block:  # nothing to waste in halos: the block that pays its per-block costs least often
+            block = larger
+            started = time.perf_counter()
+            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+                                     downsampling=downsampling)
+    dry_run_s = time.perf_counter() - started
+    batch_size, sizing, defaults, format_choice = cfg.batch_size, None, None, None
+    if not searching and batch_size != "auto" and (
+            cfg.block is None or batch_size is None or (cfg.memory_format is None and cfg.compile == "off")):
+        defaults, sizing, format_choice = _measured_defaults(
+            cfg, source, roi, model, predictor, block, halo, geometry, downsampling, dry_run_s,
+            block_named=cfg.block is not None or resume_block is not None, measure=measure, todo_share=todo_share)
+        batch_size = defaults.batch_size if defaults.batch_size is not None else batch_size
+        if defaults.block is not None and defaults.block != block:
+            block = defaults.block
+            if geometry.context == Coord((0, 0, 0)) and sizing is not None:
+                # A 'same' network maps any input on its grid to itself, and its trials (in this run or the
+                # cached one) ran this block or one on the same grid (an estimated block, see autosize.pick):
+                # no second dry run at a block that may take seconds.
+                shape = (block + halo * 2).ceil_div(downsampling) * downsampling
+                geometry = NetworkGeometry(geometry.in_channels, geometry.out_channels, shape, shape, geometry.context)
+            else:
+                geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+                                         downsampling=downsampling,
+                                         first_input=_valid_input_hint(model, block + halo * 2))
+    elif searching or batch_size == "auto":
+        sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
+                            fixed_block=None if searching else block)
+        batch_size = sizing.batch_size
+        if sizing.block != block:
+            block = sizing.block
+            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
+                                     downsampling=downsampling, first_input=_valid_input_hint(model, block + halo * 2))
+    output = layout_for(block)
+    plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
+                       input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
+                       chunk_shape=output.write_unit)
+    return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice)
+
+
+def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
+                       geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float, *, block_named: bool,
+                       measure: bool, todo_share: float = 1.0) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
+    """The block, batch and memory format the options leave open, measured within the run's budget.
+
+    ``block`` is the start block the dry run took ``dry_run_s`` on; see
+    :mod:`blockpred.defaults` for when and how much is measured.  ``todo_share``:
+    the share of the blocks still to run (a resume), which the estimate counts.
+    """
+    want_block, want_batch = not block_named, cfg.batch_size is None
+    want_format = cfg.memory_format is None and cfg.compile == "off"
+    blocks = blocks_per_axis(roi, block).prod() * todo_share
+    in_channels = source.num_channels or 1
+    shape = (1, in_channels) + tuple(geometry.input_shape)
+    started = time.perf_counter()
+    spent = lambda: time.perf_counter() - started  # noqa: E731
+    here = cfg.scheduler is None  # passes timed here stand for the run's device (else it is a worker's)
+
+    def choose(budget: float, pass_s: float | None = None) -> tuple[FormatChoice | None, SizeChoice | None]:
+        """What is cached, and within ``budget`` seconds (from ``started``) what is not.
+
+        ``pass_s``: a warm pass of the start block in the predictor's layout (contiguous unless named), timed
+        on random data: the layout comparison and the first size trial take it instead of running it again.
+        """
+        chosen_format = chosen_sizes = None
+        known_format = {predictor.memory_format: pass_s} if pass_s is not None and here else None
+        if want_format:
+            cost = (FORMAT_PASSES - 2 * bool(known_format)) * (pass_s or 0.0)
+            chosen_format = choose_format(cfg, model, predictor, shape, repeats=1,
+                                           cached_only=pass_s is None or spent() + cost > budget, known=known_format)
+        if want_block or want_batch:
+            known: tuple[Trial, ...] = ()
+            seconds = chosen_format.seconds.get(predictor.memory_format) if chosen_format is not None else pass_s
+            if here and seconds and (chosen_format is None or not chosen_format.cached):
+                known = (Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds),)
+            # With a known trial the search costs nothing more where the budget is spent: it may still take
+            # a larger block untimed (see autosize.pick).
+            chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
+                                      fixed_block=None if want_block else block, quick_s=max(0.0, budget - spent()),
+                                      cached_only=budget - spent() <= 0 and not known, known=known)
+        return chosen_format, chosen_sizes
+
+    format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
+    complete = (format_choice is not None or not want_format) and (
+        sizing.complete if sizing is not None else not (want_block or want_batch))  # else a cut-short search goes on
+    estimated, out_of_memory = blocks * dry_run_s, False
+    if not complete and measure and measuring_budget(estimated) > 0:
+        # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
+        batch = np.random.default_rng(0).random(shape, dtype=np.float32)  # kernels may run faster on zeros
+        started = time.perf_counter()
+        try:
+            predictor(batch)
+        except Exception as err:  # noqa: BLE001 - out of memory ends the measuring; anything else is the network's
+            if not is_out_of_memory(err):
+                raise
+            predictor.release_memory()  # the run's own recovery (smaller batches, parts) takes over
+            out_of_memory = True
+        else:
+            pass_s = spent()
+            estimated = blocks * pass_s
+            format_choice, sizing = choose(measuring_budget(estimated), pass_s)
+    measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
+    found = format_choice is not None or sizing is not None
+    if measured:
+        how = "measured"
+    elif found:
+        how = "cached"
+    elif not measure and cfg.cluster is not None:
+        how = "not measured: this machine has not the jobs' device (name --block and --batch-size)"
+    elif not measure:
+        how = "not measured yet: the run measures"
+    elif out_of_memory:
+        how = "not measured: the start block ran out of device memory in a timed pass"
+    else:
+        how = (f"not measured: the run is estimated at {estimated:.1f} s at the start block, too short "
+               f"for measuring to pay")
+    defaults = Defaults(
+        block=(sizing.block if sizing is not None else block) if want_block else None,
+        batch_size=(sizing.batch_size if sizing is not None else 1) if want_batch else None,
+        memory_format=(format_choice.memory_format if format_choice is not None else "contiguous")
+        if want_format else None,
+        estimated_run_s=estimated, measured_s=spent() if measured else 0.0, how=how)
+    return defaults, sizing, format_choice
+
+
+def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
+               halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None,
+               quick_s: float | None = None, cached_only: bool = False,
+               known: tuple = ()) -> SizeChoice | None:
+    """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
+
+    ``quick_s`` / ``cached_only``: the measured defaults' search (see
+    :func:`blockpred.autosize.choose_sizes`); None when ``cached_only`` finds nothing.
+
+    With ``--scheduler`` the trials run on one of the cluster's workers, whose
+    device the blocks will run on; otherwise on this process's device.
+
+    ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
+    """
+    check_channels(cfg.channels, geometry)  # before trials that would select them
+    step = block_step(downsampling, cfg.output_chunks, cfg.shards)
+    scale, offset = cfg.normalize.scale_offset(source.dtype)
+    problem = SizeProblem(
+        in_channels=source.num_channels or 1, raw_dtype=source.dtype, halo=halo, context=geometry.context,
+        input_extra=geometry.input_shape - (block + (halo + geometry.context) * 2), step=step,
+        base_block=base_block, roi=roi,
+        steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
+        fixed_block=fixed_block, fixed_batch=None if cfg.batch_size in ("auto", None) else cfg.batch_size,
+    )
+    key = model_key_of(cfg, model)
+    if cfg.scheduler is None:
+        choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
+                              known=known)
+    else:  # the trials belong on the workers' devices, which this machine may not have
+        from .scheduler import run_on_a_worker
+
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+        choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
+                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only)
+    logger.info("sizes: %s", choice)
+    return choice
+
+
+def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
+                            problem: SizeProblem, key: dict, quick_s: float | None,
+                            cached_only: bool) -> SizeChoice | None:
+    """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
+    from .scheduler import worker_device
+
+    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
+                          memory_format=memory_format)
+    return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only)
+
+
+def start_format(cfg: RunConfig) -> str:
+    """The layout the client's predictor (and the size trials) start in: auto and unnamed start contiguous."""
+    return "contiguous" if cfg.memory_format in ("auto", None) else cfg.memory_format
+
+
+def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
+                   repeats: int = FORMAT_REPEATS, cached_only: bool = False,
+                   known: dict | None = None) -> FormatChoice | None:
+    """The faster memory format, measured on this process's device, or with ``--scheduler`` on a worker's.
+
+    None when ``cached_only`` finds nothing cached.
+    """
+    key = model_key_of(cfg, model)
+    if cfg.scheduler is None:
+        choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only,
+                                      known=known)
+    else:
+        from .scheduler import run_on_a_worker
+
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+        choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, cfg.precision,
+                                 batch_shape, key, repeats, cached_only)
+        if choice is not None:
+            predictor.use_memory_format(choice.memory_format)
+    logger.info("memory format: %s", choice)
+    return choice
+
+
+def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch_shape: tuple[int, ...],
+                             key: dict, repeats: int, cached_only: bool) -> FormatChoice | None:
+    """:func:`choose_memory_format` on a dask worker's device (its cache, too, is the worker's)."""
+    from .scheduler import worker_device
+
+    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision)
+    return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only)
+
+
+def _valid_input_hint(model, output_shape: Coord) -> Coord | None:
+    """For a valid network that can tell (the built-in U-Net can), an input shape it accepts."""
+    shape_for = getattr(model.module, "valid_input_shape", None)
+    if model.padding != "valid" or shape_for is None:
+        return None
+    return Coord(shape_for(output_shape))
+
+
+def check_channels(channels: tuple[int, ...] | None, geometry: NetworkGeometry) -> tuple[int, ...] | None:
+    if channels is None:
+        return None
+    bad = [c for c in channels if not 0 <= c < geometry.out_channels]
+    if bad or not channels:
+        raise InvalidOptionError(
+            f"channels {list(channels)} must be indices into the network's {geometry.out_channels} output channels"
+        )
+    return channels
