@@ -55,7 +55,7 @@ import zarr
 from .blocking import Block, BlockPlan
 from .errors import RunFailedError
 from .geometry import Coord
-from .io import stores
+from .io import kvzarr, stores
 from .io.base import VolumePath
 from .io.stores import ObjectUrl
 from .ownership import check_owner, lock_path
@@ -346,7 +346,7 @@ class DoneMarkers:
 
 def _zarr_location(path: Path | ObjectUrl, read_only: bool = False):
     """What zarr-python opens the markers' group (or array) at: a local path, or a store on the object store."""
-    return stores.zarr_store(path, read_only=read_only) if isinstance(path, ObjectUrl) else str(path)
+    return kvzarr.zarr_store(path, read_only=read_only) if isinstance(path, ObjectUrl) else str(path)
 
 
 # ----------------------------------------------------------------- marks on an object store

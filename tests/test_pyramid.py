@@ -15,7 +15,7 @@ import blockpred
 from blockpred.cli import main
 from blockpred.downsample import downsample
 from blockpred.geometry import Coord
-from blockpred.io import stores
+from blockpred.io import kvzarr, stores
 from blockpred.pyramid import max_levels, plan_levels
 from tests.helpers import write_test_volume
 
@@ -236,7 +236,7 @@ def test_a_pyramid_on_s3_validates_and_equals_the_same_pyramid_on_local_files(ra
     blockpred.predict(source, local, pyramid=2, **PINNED)
     blockpred.predict(source, remote, pyramid=2, **PINNED)
     container = stores.parse_url(s3.url("remote.zarr"), stores.StorageOptions(endpoint_url=s3.endpoint))
-    group = zarr.open_group(stores.zarr_store(container, read_only=True), path="pred", mode="r")
+    group = zarr.open_group(kvzarr.zarr_store(container, read_only=True), path="pred", mode="r")
     ome_zarr_models.v05.Image.from_zarr(group)
     here = zarr.open_group(local, mode="r")
     assert group.attrs.asdict() == here.attrs.asdict()

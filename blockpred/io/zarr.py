@@ -27,7 +27,7 @@ Writes to disjoint boxes aligned to :attr:`ZarrVolume.chunk_shape` (the shard
 shape of a sharded array) touch disjoint files, so threads may write at once.
 
 On an object store (``s3://bucket/vol.zarr/raw``) zarr-python works on a
-:class:`~blockpred.io.stores.KvZarrStore` (its metadata requests go through
+:class:`~blockpred.io.kvzarr.KvZarrStore` (its metadata requests go through
 tensorstore's kvstore, as the chunks do) instead of a ``LocalStore``; the
 rest is the same.  Error messages there list no datasets: listing a prefix
 of an object store lists every chunk below it.
@@ -48,7 +48,7 @@ from zarr.storage import LocalStore
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
 from ..geometry import Coord
-from . import stores
+from . import kvzarr, stores
 from .base import Volume, VolumePath, spatial_voxel_size
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
 from .tensorstore_io import TensorstoreVolume, kvstore, open_store
@@ -118,7 +118,7 @@ def open_volume(path: VolumePath, mode: str = "r") -> ZarrVolume:
 def _store(path: VolumePath, *, read_only: bool = False):
     """The zarr-python store of ``path``'s container: a ``LocalStore``, or a ``KvZarrStore`` on an object store."""
     if path.is_remote:
-        return stores.zarr_store(path.container, read_only=read_only)
+        return kvzarr.zarr_store(path.container, read_only=read_only)
     return LocalStore(path.container, read_only=read_only)
 
 
