@@ -285,7 +285,7 @@ def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compil
                             problem: SizeProblem, key: dict, quick_s: float | None,
                             cached_only: bool) -> SizeChoice | None:
     """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
-    from .scheduler import worker_device
+    from .dask_tasks import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
                           memory_format=memory_format)
@@ -323,7 +323,7 @@ def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tupl
 def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch_shape: tuple[int, ...],
                              key: dict, repeats: int, cached_only: bool) -> FormatChoice | None:
     """:func:`choose_memory_format` on a dask worker's device (its cache, too, is the worker's)."""
-    from .scheduler import worker_device
+    from .dask_tasks import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision)
     return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only)

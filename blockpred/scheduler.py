@@ -3,7 +3,7 @@
 * **Cluster.** A local cluster or a joined one, started early (see
   :mod:`blockpred.cluster`); multi-node and SLURM through dask-jobqueue: see
   ``examples/``.
-* **Model once per worker.** A :class:`PredictorPlugin`, registered with
+* **Model once per worker.** A :class:`~blockpred.dask_tasks.PredictorPlugin`, registered with
   ``Client.register_plugin``, loads the network when a worker starts (or
   joins later) and keeps it; tasks carry only the job's key and an array of
   block ids.  Results are small dictionaries of counts.  The plugin is
@@ -54,13 +54,11 @@ from .cluster import WORKER_THREADS, Cluster, _quiet_dask, check_hdf5_writers, i
 
 import_distributed()  # never at the same time as a cluster's start thread (see import_distributed)
 
-from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
-
-from .blocking import Block  # noqa: E402
+from .dask_tasks import _PIPELINE_COUNTS, PROGRESS_TOPIC, PredictorPlugin, _run_task  # noqa: E402
 from .errors import BlockFailedError, ClusterError, InvalidOptionError, NoWorkersError  # noqa: E402
 from .geometry import Coord  # noqa: E402
-from .job import Job, JobStream  # noqa: E402
-from .pipeline import Backoff, RunStats  # noqa: E402
+from .job import Job  # noqa: E402
+from .pipeline import RunStats  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -73,21 +71,12 @@ TASK_SECONDS = 10.0
 MAX_TASK_BLOCKS = 16384
 #: How often the client asks the scheduler how many workers there are.
 WORKER_COUNT_EVERY_S = 1.0
-#: How often a worker reports progress.
-PROGRESS_EVERY_S = 0.5
 #: Sends of the run's plugin to the workers before the run gives up, when a worker dies during each.
 REGISTER_ATTEMPTS = 5
-PROGRESS_TOPIC = "blockpred-progress"
 #: Seconds without any worker before a run ends (``--no-worker-timeout``).
 NO_WORKER_TIMEOUT_S = 300.0
 #: How often the client looks for finished tasks and for workers while none finishes.
 POLL_S = 0.1
-
-#: Counts of wrong values a worker's pipeline keeps (see RunStats), reported as its stage times are.
-_PIPELINE_COUNTS = ("num_nonfinite", "num_nonfinite_blocks", "num_missing_chunk_reads", "num_missing_chunk_blocks")
-
-# Per worker process: what each registered plugin keeps (see _WorkerJob).
-_STATE: dict[str, "_WorkerJob"] = {}
 
 
 @dataclass
@@ -112,121 +101,6 @@ class DistributedResult:
     stats: RunStats = field(default_factory=RunStats)  # seconds: from first task to last result
     workers: dict[str, WorkerSummary] = field(default_factory=dict)
     dashboard: str | None = None
-
-
-class _WorkerJob:
-    """A job on one worker: its loaded network, the sizes that fit the device, and its open pipeline."""
-
-    def __init__(self, job: Job, predictor, worker, key: str):
-        self.job, self.predictor = job, predictor
-        self.backoff = Backoff(job.settings.batch_size)  # kept from task to task
-        self.report = _Reporter(worker, key)
-        self._stream: JobStream | None = None
-        self._lock = threading.Lock()
-
-    def stream(self) -> JobStream:
-        """The worker's pipeline for the job, opened by the first task (again if it stopped)."""
-        with self._lock:
-            if self._stream is None or not self._stream.stream.alive:
-                if self._stream is not None:
-                    self._stream.close()
-                self._stream = JobStream(self.job, self.predictor, self.backoff, on_block_done=self.report)
-            return self._stream
-
-    def close(self) -> None:
-        """At the run's end the pipeline is idle; after a failed run, only the blocks already in it finish."""
-        with self._lock:
-            if self._stream is not None:
-                self._stream.close(cancel=True)
-                self._stream = None
-
-
-class PredictorPlugin(WorkerPlugin):
-    """Loads the job's network once per worker and keeps it for every task.
-
-    Defined at module level so workers import it by name (a class pickled by
-    value would carry its own copy of ``_STATE``).
-    """
-
-    def __init__(self, key: str, job: Job, torch_threads: int | None):
-        self.name = f"blockpred-{key}"
-        self.key, self.job, self.torch_threads = key, job, torch_threads
-
-    def setup(self, worker):
-        import torch
-
-        if self.torch_threads:
-            torch.set_num_threads(self.torch_threads)
-        predictor = self.job.make_predictor(worker_device(self.job.device))
-        _STATE[self.key] = _WorkerJob(self.job, predictor, worker, self.key)
-
-    def teardown(self, worker):
-        state = _STATE.pop(self.key, None)
-        if state is not None:
-            state.close()
-
-
-def worker_device(device: str) -> str:
-    """A worker's device: a GPU worker sees its own GPU first (CUDA_VISIBLE_DEVICES), so ``cuda:0``."""
-    return "cuda:0" if device.startswith("cuda") else device
-
-
-def _run_task(key: str, block_ids) -> dict:
-    """One task on a worker: queue these blocks on the worker's pipeline and wait for them.
-
-    The counts are the task's; the stage times, busy seconds and out-of-memory
-    events are the worker's pipeline's so far (tasks share it), tagged with
-    the pipeline's id: the client keeps the latest of each.
-    """
-    from distributed import get_worker
-
-    worker = get_worker()
-    state = _STATE[key]
-    stream = state.stream()
-    try:
-        counts = stream.run(block_ids)
-    except BlockFailedError as err:
-        if not err.permanent:
-            raise  # dask retries the task
-        return {"failure": err}  # a full disk, a refused permission: a retry would only fail again
-    finally:
-        state.report.flush()
-    pipeline, backoff = stream.stream.stats, state.backoff
-    return {"worker": str(worker.name), "device": str(state.predictor.device), "num_blocks": counts.num_blocks,
-            "num_voxels": counts.num_voxels, "num_skipped": counts.num_skipped, "seconds": counts.seconds,
-            "pipeline": {"id": stream.stream.id, "busy_s": stream.stream.busy_s, "read_s": pipeline.read_s,
-                         "transfer_s": pipeline.transfer_s, "compute_s": pipeline.compute_s,
-                         "write_s": pipeline.write_s, "out_of_memory": backoff.events,
-                         **{name: getattr(pipeline, name) for name in _PIPELINE_COUNTS}},
-            "missing_chunks": set(pipeline.missing_chunks), "missing_chunks_counted": pipeline.missing_chunks_counted,
-            "batch_size": backoff.batch_size, "block_parts": tuple(backoff.parts)}
-
-
-class _Reporter:
-    """Counts finished blocks on a worker and sends them as one event every :data:`PROGRESS_EVERY_S`."""
-
-    def __init__(self, worker, key: str):
-        self._worker, self._key = worker, key
-        self._lock = threading.Lock()
-        self._blocks = self._voxels = 0
-        self._last = time.monotonic()
-
-    def __call__(self, block: Block) -> None:
-        with self._lock:
-            self._blocks += 1
-            self._voxels += block.write_box.size
-            if time.monotonic() - self._last < PROGRESS_EVERY_S:
-                return
-        self.flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            blocks, voxels, self._blocks, self._voxels = self._blocks, self._voxels, 0, 0
-            self._last = time.monotonic()
-        if blocks:
-            # "name": the scheduler sets "worker" to the worker's address
-            self._worker.log_event(PROGRESS_TOPIC, {"key": self._key, "blocks": blocks, "voxels": voxels,
-                                                    "name": str(self._worker.name)})
 
 
 class TaskFeed:

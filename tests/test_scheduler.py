@@ -59,7 +59,7 @@ def test_a_worker_runs_all_its_tasks_on_one_pipeline_and_frees_it_when_the_run_e
     """Tasks queue their blocks on the worker's one pipeline (no drain between tasks); the run's end frees it."""
     import threading
 
-    from blockpred import scheduler
+    from blockpred import dask_tasks
 
     source = random_volume(tmp_path, (32, 64, 128))
     local = str(tmp_path / "local.zarr")
@@ -71,7 +71,7 @@ def test_a_worker_runs_all_its_tasks_on_one_pipeline_and_frees_it_when_the_run_e
     assert 0 < worker.busy_s <= summary.stats.seconds, "busy seconds are the pipeline's, not summed over tasks"
     assert summary.stats.compute_s > 0 and summary.stats.read_s > 0
     assert read_all(out).tobytes() == read_all(local).tobytes()
-    assert not scheduler._STATE, "the run's worker plugin (model, pipeline) outlived the run"
+    assert not dask_tasks._STATE, "the run's worker plugin (model, pipeline) outlived the run"
     assert not [t.name for t in threading.enumerate() if t.name.startswith(("blockpred-stream", "blockpred-read"))]
 
 
