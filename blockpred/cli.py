@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .errors import BlockFailedError, BlockpredError, OwnershipLostError, os_reason
+from .errors import one_line
 from .geometry import Coord
 
 logger = logging.getLogger("blockpred")
@@ -360,28 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - every error is one line (with --debug, its traceback)
         if args.debug:
             raise
-        print(f"blockpred: error: {_one_line(err)}", file=sys.stderr)
+        print(f"blockpred: error: {one_line(err)}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
     except KeyboardInterrupt:  # Ctrl-C: the workers of a local cluster never see it (see blockpred.nanny)
         resume = "; finished blocks are kept: run the same command again to resume" if args.command == "run" else ""
         print(f"blockpred: interrupted{resume}", file=sys.stderr)
         return 130
-
-
-def _one_line(err: BaseException) -> str:
-    """An error as the one line the user sees: blockpred's own say what to do; others are named, with the cure."""
-    if isinstance(err, BlockpredError):
-        return str(err)
-    if isinstance(err, BlockFailedError):
-        cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
-        return f"{err}{cause}; every other block is kept: run the same command again to compute only what is missing"
-    if isinstance(err, OwnershipLostError):
-        return str(err)
-    if isinstance(err, OSError):
-        reason, fix = os_reason(err)
-        return f"{reason}; {fix}"
-    text = str(err).split("\n", 1)[0]
-    return f"{type(err).__name__}: {text} (an unexpected error: run again with --debug for its traceback, and report it)"
 
 
 def console() -> int:

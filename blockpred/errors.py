@@ -170,3 +170,19 @@ class ClusterError(BlockpredError, RuntimeError):
 
 class NoWorkersError(ClusterError):
     """A dask run had no worker for its ``no_worker_timeout``: finished blocks are kept, the same command resumes."""
+
+
+def one_line(err: BaseException) -> str:
+    """An error as the one line the user sees: blockpred's own say what to do; others are named, with the cure."""
+    if isinstance(err, BlockpredError):
+        return str(err)
+    if isinstance(err, BlockFailedError):
+        cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
+        return f"{err}{cause}; every other block is kept: run the same command again to compute only what is missing"
+    if isinstance(err, OwnershipLostError):
+        return str(err)
+    if isinstance(err, OSError):
+        reason, fix = os_reason(err)
+        return f"{reason}; {fix}"
+    text = str(err).split("\n", 1)[0]
+    return f"{type(err).__name__}: {text} (an unexpected error: run again with --debug for its traceback, and report it)"

@@ -23,7 +23,7 @@ from .autosize import SizeChoice
 from .blocking import Block, BlockPlan
 from .config import RunConfig
 from .defaults import Defaults
-from .errors import (BlockFailedError, BlockpredError, InvalidOptionError, RunFailedError, is_permanent,
+from .errors import (BlockFailedError, BlockpredError, InvalidOptionError, RunFailedError, is_permanent, one_line,
                      os_reason, output_error)
 from .io import VolumePath, open_volume
 from .job import Job, run_job
@@ -179,9 +179,7 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
 def _event_error(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
         return "interrupted"
-    from .cli import _one_line
-
-    return _one_line(err)
+    return one_line(err)
 
 
 def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, start_time: float,
