@@ -14,11 +14,14 @@ from blockpred.models import build_preset
 class Logged(torch.nn.Module):
     """The tiny preset, appending a line per input block (its checksum) to a file at each forward pass.
 
-    ``delay_s`` slows each pass down so a test can act mid-run.
+    ``delay_s`` slows each pass down so a test can act mid-run; with ``delay_while`` only while that file
+    exists (a test removes it so that the same command, run again, is quick).
     """
 
-    def __init__(self, log_path: str, delay_s: float = 0.0, default_block: int | None = None):
+    def __init__(self, log_path: str, delay_s: float = 0.0, default_block: int | None = None,
+                 delay_while: str | None = None):
         super().__init__()
+        self.delay_while = delay_while
         self.net = build_preset("tiny")
         self.log_path, self.delay_s = log_path, delay_s
         self.in_channels, self.out_channels = 1, 2
@@ -27,7 +30,7 @@ class Logged(torch.nn.Module):
             self.default_block = (default_block,) * 3
 
     def forward(self, x):
-        if self.delay_s:
+        if self.delay_s and (self.delay_while is None or os.path.exists(self.delay_while)):
             time.sleep(self.delay_s)
         # All-zero inputs are the dry runs, not blocks: not logged.
         lines = "".join(f"{zlib.crc32(x[i].numpy().tobytes()):08x}\n" for i in range(x.shape[0]) if x[i].any())
@@ -53,8 +56,9 @@ class FailsOnMarker(torch.nn.Module):
         return x * 0.5
 
 
-def logged(log_path: str, delay_s: float = 0.0, default_block: int | None = None) -> Logged:
-    return Logged(log_path, delay_s, default_block)
+def logged(log_path: str, delay_s: float = 0.0, default_block: int | None = None,
+           delay_while: str | None = None) -> Logged:
+    return Logged(log_path, delay_s, default_block, delay_while)
 
 
 def fails_on_marker(fault_file: str) -> FailsOnMarker:

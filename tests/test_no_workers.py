@@ -82,7 +82,10 @@ def test_a_scheduler_without_workers_ends_the_run_after_the_timeout_in_one_line(
 def test_a_scheduler_killed_mid_run_ends_the_run_in_one_line_and_the_rerun_resumes(tmp_path, source):
     log = tmp_path / "blocks.log"
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"model_kwargs": {"log_path": str(log), "delay_s": 0.3}}))
+    slow = tmp_path / "slow"  # the network sleeps 0.3 s a pass while this file exists
+    slow.touch()
+    config.write_text(yaml.safe_dump({"model_kwargs": {"log_path": str(log), "delay_s": 0.3,
+                                                       "delay_while": str(slow)}}))
     command = ["run", source, str(tmp_path / "out.zarr"), "--config", str(config), "--model", "tests.networks:logged",
                *_settled("--no-worker-timeout", "5")]
     scheduler = Scheduler(tmp_path)
@@ -93,7 +96,7 @@ def test_a_scheduler_killed_mid_run_ends_the_run_in_one_line_and_the_rerun_resum
         run = _blockpred(*command, "--scheduler", scheduler.address, cwd=tmp_path,
                          env=dict(child_env(), DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="3s"))
         deadline = time.monotonic() + 120
-        while not (log.exists() and len(log.read_text().split()) >= 3):
+        while not (log.exists() and len(log.read_text().split()) >= 3):  # 3 of 32 blocks
             assert run.poll() is None and time.monotonic() < deadline, run.stderr.read() if run.poll() else "hung"
             time.sleep(0.1)
         scheduler.processes[0].send_signal(signal.SIGKILL)
@@ -104,6 +107,7 @@ def test_a_scheduler_killed_mid_run_ends_the_run_in_one_line_and_the_rerun_resum
     assert run.returncode == 1 and "Traceback" not in err, err
     assert len(lines) == 1 and "scheduler went away" in lines[0] and "run the same command again" in lines[0], err
 
+    slow.unlink()  # the same command again, at full speed
     again = _blockpred(*command, "--local", cwd=tmp_path, env=child_env())  # any cluster resumes it: here none
     out, err = again.communicate(timeout=120)
     assert again.returncode == 0, err

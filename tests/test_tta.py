@@ -25,16 +25,15 @@ def _flipped_mean(net, data: np.ndarray, axes: tuple[int, ...], halo) -> np.ndar
     return np.mean(outputs, axis=0)
 
 
-@pytest.mark.parametrize("mode, axes", [pytest.param("flips", (0, 1, 2), id="flips"),
-                                        pytest.param("flips-yx", (1, 2), id="flips-yx")])
-def test_tta_equals_the_mean_of_the_flipped_whole_volume_predictions(tmp_path, mode, axes):
-    data = em_like((24, 40, 48), seed=3)  # every axis a multiple of the downsampling: no extra padding
+def test_tta_equals_the_mean_of_the_flipped_whole_volume_predictions(tmp_path):
+    mode, axes = "flips", (0, 1, 2)  # flips-yx is the same wrapper over fewer flips (see the next test)
+    data = em_like((16, 32, 40), seed=3)  # every axis a multiple of the downsampling: no extra padding
     source = write_test_volume(str(tmp_path / "in.zarr"), data, chunks=(8, 8, 8))
     net = make_unet()
     halo = halo_covering(net, Coord((4, 4, 4)))
-    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), model=net, block=(8, 16, 16), halo=halo,
+    summary = blockpred.predict(source, str(tmp_path / "out.zarr"), model=net, block=(8, 16, 24), halo=halo,
                                 tta=mode, batch_size=2, progress=False, local=True)
-    assert summary.stats.num_blocks == 3 * 3 * 3  # blocks at every face and corner, some cut by the volume
+    assert summary.stats.num_blocks == 2 * 2 * 2  # blocks meeting at every face, those along x cut by the volume
     expected = _flipped_mean(net, data, axes, halo)
     assert not np.allclose(expected, reference(net, data, halo=halo, downsampling=(4, 4, 4)), atol=1e-4)
     assert_exact(str(tmp_path / "out.zarr"), expected)
