@@ -43,6 +43,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -197,6 +198,9 @@ def _make_cluster(settings: JobSettings, job_name: str, silence_logs: int, crede
         environment.append("export MALLOC_ARENA_MAX=1")
     kwargs.update(
         job_name=job_name,
+        # exec: the worker replaces the job's shell, so SLURM's signals reach it. Under a shell, a cancelled
+        # job's shell could die first and its worker live on, reparented to init (proctrack/linuxproc loses it).
+        python=f"exec {kwargs.get('python') or sys.executable}",
         processes=1,
         nanny=False,
         security=True,

@@ -2,6 +2,7 @@
 
 import os
 import importlib.util
+import sys
 from pathlib import Path
 
 import yaml
@@ -46,6 +47,7 @@ def test_slurm_jobqueue_config_parses_and_its_settings_reach_the_job_script(tmp_
     assert "--gres=gpu:1" in script and "--nthreads 2" in script and "-t 04:00:00" in script
     assert "export OMP_NUM_THREADS=4" in script and "MALLOC_ARENA_MAX" not in script  # a GPU job
     assert "--protocol tls://" in script and "-J blockpred-test" in script
+    assert script.strip().splitlines()[-1].startswith(f"exec {sys.executable} -m distributed.cli.dask_worker")
 
 
 def test_a_child_python_of_the_tests_keeps_the_packages_found_through_pythonpath(monkeypatch, tmp_path):

@@ -124,12 +124,19 @@ class SlurmRun:
         return self.returncode, out, err
 
     def no_job_left(self, limit_s: float = 30.0) -> bool:
+        """No job of the run in SLURM, and no worker process of it left on the node (not even one reparented to
+        init: a cancelled job's shell once died and left its worker running)."""
         end = time.monotonic() + limit_s
-        while self.jobs():
+        while self.jobs() or self.worker_processes():
             if time.monotonic() > end:
                 return False
             time.sleep(0.5)
         return True
+
+    def worker_processes(self) -> list[str]:
+        """dask workers started for this run (their command line names the run's TLS folder, in ``folder``)."""
+        out = subprocess.run(["pgrep", "-af", "distributed.cli.dask_worker"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines() if str(self.folder) in line]
 
 
 def _error_lines(err: str) -> list[str]:
@@ -194,8 +201,8 @@ def test_with_every_job_gone_and_none_to_replace_it_the_run_ends_in_one_line_and
     cores = os.cpu_count() or 2
     # A job that takes every core, queued before the replacement: the replacement stays pending.
     blocker = subprocess.run(["sbatch", "--parsable", "-J", f"blocker-{os.getpid()}", "-c", str(cores),
-                              "--mem", "100M", "--wrap", "sleep 600"], check=True, capture_output=True,
-                             text=True).stdout.strip().split(";")[0]
+                              "--mem", "100M", "-o", "/dev/null", "--wrap", "sleep 600"], cwd=folder, check=True,
+                             capture_output=True, text=True).stdout.strip().split(";")[0]
     try:
         subprocess.run(["scancel", *run.jobs()], check=True)
         code, _, err = run.finish()
