@@ -225,6 +225,13 @@ def _count(value: Any, name: str, *, least: int, what: str) -> int:
     return number
 
 
+def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``, in any case (``"Flips"`` is ``flips``); anything else is refused in one line."""
+    if str(value).lower() not in choices:
+        raise InvalidOptionError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value).lower()
+
+
 def _positive_int(value: Any, name: str) -> int:
     return _count(value, name, least=1, what="positive integer")
 
@@ -284,9 +291,7 @@ def _normalise(name: str, value: Any) -> Any:
             raise InvalidOptionError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
         return str(value)
     if name == "missing_chunks":
-        if str(value).lower() not in MISSING_CHUNKS:
-            raise InvalidOptionError(f"missing_chunks must be one of {', '.join(MISSING_CHUNKS)}, got {value!r}")
-        return str(value).lower()
+        return _choice(value, name, MISSING_CHUNKS)
     if name == "pad_mode":
         if str(value) not in PAD_MODES:
             raise InvalidOptionError(f"pad_mode must be one of {', '.join(PAD_MODES)}, got {value!r}")
@@ -302,9 +307,7 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "tta":
         from .models.tta import TTA_MODES
 
-        if str(value).lower() not in TTA_MODES:
-            raise InvalidOptionError(f"tta must be one of {', '.join(TTA_MODES)}, got {value!r}")
-        return str(value).lower()
+        return _choice(value, name, TTA_MODES)
     if name == "gpus_per_job":
         return _count(value, name, least=0, what="non-negative number of GPUs")
     if name == "no_worker_timeout":
@@ -318,9 +321,7 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "cluster":
         from .jobqueue import BATCH_SYSTEMS
 
-        if str(value).lower() not in BATCH_SYSTEMS:
-            raise InvalidOptionError(f"cluster must be one of {', '.join(BATCH_SYSTEMS)}, got {value!r}")
-        return str(value).lower()
+        return _choice(value, name, BATCH_SYSTEMS)
     if name == "retries":
         return _count(value, name, least=0, what="non-negative integer")
     if name == "channels":

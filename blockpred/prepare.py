@@ -29,6 +29,7 @@ from .errors import InvalidOptionError, ModelLoadError, OutputExistsError
 from .geometry import Coord
 from .io import VolumePath, check_input_volume, identity, parse_volume_path, volume_exists
 from .job import ModelSpec
+from .jobqueue import job_settings
 from .layout import OutputLayout, block_step
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
@@ -147,8 +148,6 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
     0.34 through one dask worker).  ``workers=1`` still runs through dask.
     """
     cfg = make_config(config, **options)
-    from .jobqueue import job_settings
-
     job_settings(cfg, 1)  # batch-job options only with --cluster, and --cluster with no other cluster
     if not cfg.local and cfg.workers is None and cfg.scheduler is None and cfg.cluster is None:
         from .cluster import local_worker_envs
@@ -275,7 +274,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
     finished = previous.finished() if previous is not None and not cfg.overwrite else None
     todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
-    if cfg.cluster is not None and device.type != ("cpu" if cfg.gpus_per_job == 0 or cfg.device == "cpu" else "cuda"):
+    jobs = job_settings(cfg, 1)
+    if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
                          todo_share=todo_share)
