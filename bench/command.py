@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-_SUMMARY = re.compile(r"predicted ([\d.]+) Mvox in (\d+) blocks.* in ([\d.]+) s \(([\d.]+) Mvox/s\)")
+_SUMMARY = re.compile(r"predicted ([\d.]+) Mvox in (\d+) blocks.* in ([\d.]+) s \(([\d.]+) Mvox/s[,)]")
 _TIME = re.compile(r"started in ([\d.]+) s; stages summed over threads: read ([\d.]+) s, device ([\d.]+) s.*"
                    r"write ([\d.]+) s")
 _BLOCK = re.compile(r"block (\d+)x(\d+)x(\d+)")

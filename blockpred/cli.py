@@ -53,6 +53,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tta", choices=("off", "flips", "flips-yx"),
                    help="test-time augmentation: the mean over the 8 flips of z, y and x (flips) or the 4 of y and "
                         "x (flips-yx); exact under the halo crop; 8x (4x) the compute [off]")
+    g.add_argument("--plane", choices=("yx", "zy", "zx"),
+                   help="the planes a 2D network predicts, one at a time: yx (stacked along z), zy or zx [yx for a "
+                        "2D network; a 3D network takes none]")
     g.add_argument("--readers", dest="num_readers", type=int,
                    help="reader threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--writers", dest="num_writers", type=int,
@@ -113,7 +116,8 @@ _RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling"
              "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
              "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method",
              "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs", "partition", "account",
-             "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config", "progress_json", "tta")
+             "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config", "progress_json", "tta",
+             "plane")
 
 
 class _Parser(argparse.ArgumentParser):

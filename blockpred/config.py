@@ -137,6 +137,9 @@ class RunConfig:
     #: Test-time augmentation: "off", "flips" (the mean over the 8 flips of z, y, x) or "flips-yx" (4, of y
     #: and x); see blockpred.models.tta.
     tta: str = "off"
+    #: The planes a 2D network runs on: "yx" (stacked along z, the default for a 2D network), "zy" or "zx";
+    #: None for a 3D network (see blockpred.models.planes).
+    plane: str | None = None
     #: An input chunk that is not stored (usually a failed transfer): "warn" reads it as the fill value and
     #: counts it in the summary; "error" fails the block that reads it (not retried).
     missing_chunks: str = "warn"
@@ -308,6 +311,10 @@ def _normalise(name: str, value: Any) -> Any:
         from .models.tta import TTA_MODES
 
         return _choice(value, name, TTA_MODES)
+    if name == "plane":
+        from .models.planes import PLANES
+
+        return None if value is None else _choice(value, name, PLANES)
     if name == "gpus_per_job":
         return _count(value, name, least=0, what="non-negative number of GPUs")
     if name == "no_worker_timeout":

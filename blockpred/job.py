@@ -37,10 +37,12 @@ class ModelSpec:
     weights: str | None = None
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     trust_pickle: bool = False
+    #: The planes of a 2D network (see :mod:`blockpred.models.planes`); None: as the network is.
+    plane: str | None = None
 
     def load(self) -> LoadedModel:
         return load_model(self.model, weights=self.weights, model_kwargs=self.model_kwargs,
-                          trust_pickle=self.trust_pickle)
+                          trust_pickle=self.trust_pickle, plane=self.plane)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
 from .memformat import FormatChoice
 from .models.bioimageio import is_package
+from .models.planes import check_halo
 from .output import check_inodes, check_place_free
 from .pipeline import PipelineSettings, Predictor, resolve_device
 from .runlayout import Layout, check_channels, choose_format, network_downsampling, start_format, plan_layout
@@ -254,13 +255,15 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         from .models.bioimageio_stats import configure_run
 
         cfg = configure_run(cfg, source)
-    spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+    spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
     model = spec.load()
     in_channels = source.num_channels or 1
     if model.in_channels is not None and model.in_channels != in_channels:
         raise ModelLoadError(
             f"network {model.name!r} takes {model.in_channels} input channel(s) but {source_path} has {in_channels}"
         )
+    if model.plane is not None and cfg.halo is not None:
+        check_halo(cfg.halo, model.plane, model.name)
     if cfg.memory_format == "auto" and cfg.compile != "off":
         raise InvalidOptionError("--memory-format auto measures both layouts uncompiled; with --compile name the "
                                  "layout: --memory-format contiguous or channels_last")
@@ -382,6 +385,7 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
         "channels": channels, "skip_empty": cfg.skip_empty,
         "mask": None if mask is None else [_real_name(mask.path), mask.mask_shape],
         **({"tta": cfg.tta} if cfg.tta != "off" else {}),  # absent when off: outputs of older runs still resume
+        **({"plane": model.plane} if model.plane is not None else {}),
     }
 
 

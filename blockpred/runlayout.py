@@ -30,6 +30,7 @@ from .layout import OutputLayout, block_step, choose_layout
 from .memformat import REPEATS as FORMAT_REPEATS
 from .memformat import FormatChoice, choose_memory_format
 from .models.bioimageio import STATISTICS_KEY
+from .models.planes import default_halo
 from .network import NetworkGeometry, probe_network
 from .pipeline import DeviceSteps, Predictor, is_out_of_memory, resolve_device
 
@@ -60,6 +61,8 @@ def model_key_of(cfg: RunConfig, model) -> dict:
     name = model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind
     if cfg.tta != "off":  # a pass per flip: timed and cached apart
         name = f"{name} (tta {cfg.tta})"
+    if model.plane not in (None, "yx"):
+        name = f"{name} ({model.plane} planes)"
     return model_key(name, model.weights_sha256, kwargs)
 
 
@@ -100,7 +103,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
 
     output = None if searching else layout_for(block)
     halo_defaulted = cfg.halo is None and model.default_halo is None
-    halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else DEFAULT_HALO)
+    halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else
+                                                  DEFAULT_HALO if model.plane is None else default_halo(model.plane))
     if halo_defaulted and model.padding == "valid":
         halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
     # Check block, halo, chunks and ROI before the (possibly slow) dry run.
@@ -274,7 +278,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
     else:  # the trials belong on the workers' devices, which this machine may not have
         from .scheduler import run_on_a_worker
 
-        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
         choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
                                  cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only)
     logger.info("sizes: %s", choice)
@@ -311,7 +315,7 @@ def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tupl
     else:
         from .scheduler import run_on_a_worker
 
-        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle)
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
         choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, cfg.precision,
                                  batch_shape, key, repeats, cached_only)
         if choice is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import time
 import sys
@@ -28,6 +29,7 @@ from .errors import (BlockFailedError, BlockpredError, InvalidOptionError, RunFa
 from .io import VolumePath, open_volume
 from .job import Job, run_job
 from .markers import DoneMarkers, markers_path
+from .models.planes import in_plane, stack_axis
 from .ownership import OutputLock, check_free, lock_path
 from .memformat import FormatChoice
 from .runplan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
@@ -75,6 +77,8 @@ class PredictionSummary:
     #: command) and the pipeline's (its first block read).  None when not known.
     start_time: float | None = None
     pipeline_time: float | None = None
+    #: The planes a 2D network ran on (``yx``, ``zy``, ``zx``), None for a 3D network.
+    plane: str | None = None
 
     @property
     def started_s(self) -> float | None:
@@ -87,6 +91,14 @@ class PredictionSummary:
     def mvox_per_s(self) -> float:
         return self.stats.mvox_per_s
 
+    @property
+    def planes_per_s(self) -> float | None:
+        """A 2D network's whole planes of the ROI per second (None for a 3D network)."""
+        if self.plane is None:
+            return None
+        area = math.prod(in_plane(self.plan.roi.shape, self.plane))
+        return self.stats.num_voxels / area / self.stats.seconds if self.stats.seconds > 0 else 0.0
+
     def __str__(self) -> str:
         s = self.stats
         lines = [f"chosen: {self.defaults}"] if self.defaults is not None else []
@@ -94,6 +106,11 @@ class PredictionSummary:
             lines.append(f"auto size: {self.sizing}")
         if self.memory_format is not None and (self.defaults is None or self.defaults.memory_format is None):
             lines.append(f"memory format: {self.memory_format}")
+        if self.plane is not None:
+            block = self.plan.block_shape
+            deep = block[stack_axis(self.plane)] * self.batch_size
+            lines.append(f"2D network on {self.plane} planes: {deep} planes of "
+                         f"{'x'.join(map(str, in_plane(block, self.plane)))} per pass")
         for w in self.workers.values():
             lines.append(f"  worker {w.name} on {w.device}: {w.num_blocks} blocks, {w.mvox_per_s:.2f} Mvox/s")
         extra = []
@@ -110,9 +127,10 @@ class PredictionSummary:
             device = f"device {s.compute_s:.2f} s" + (f", transfer {s.transfer_s:.2f} s" if s.transfer_s else "")
             lines.append(f"time: {started}stages summed over threads: read {s.read_s:.2f} s, {device}, "
                          f"write {s.write_s:.2f} s")
+        planes = f", {self.planes_per_s:.1f} {self.plane} planes/s" if self.plane is not None else ""
         lines.append(
             f"predicted {s.num_voxels / 1e6:.1f} Mvox in {s.num_blocks} blocks{more} in {s.seconds:.2f} s "
-            f"({s.mvox_per_s:.2f} Mvox/s) with {self.model} on {self.device} -> {self.output}"
+            f"({s.mvox_per_s:.2f} Mvox/s{planes}) with {self.model} on {self.device} -> {self.output}"
         )
         if self.pyramid is not None:
             lines.append(str(self.pyramid))
@@ -127,6 +145,8 @@ class PredictionSummary:
             "blocks": int(self.plan.num_blocks), "predicted_blocks": s.num_blocks, "resumed_blocks": self.num_resumed,
             "skipped_blocks": s.num_skipped, "voxels": s.num_voxels, "seconds": round(s.seconds, 3),
             "mvox_per_s": round(s.mvox_per_s, 3),
+            "plane": self.plane,
+            "planes_per_s": None if self.plane is None else round(self.planes_per_s, 3),
             "started_s": None if self.started_s is None else round(self.started_s, 3),
             "block": list(self.plan.block_shape), "halo": list(self.plan.halo), "batch_size": self.batch_size,
             "output_dtype": self.output_dtype,
@@ -218,7 +238,8 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
     for warning in summary.warnings():  # one line each, after the run (the summary repeats them)
         logger.warning("%s", warning)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
-                               pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time)
+                               pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time,
+                               plane=p.model.plane)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,

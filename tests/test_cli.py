@@ -46,7 +46,7 @@ def _bad_cases(tmp_path, volume):
     return [
         pytest.param([str(tmp_path / "missing.zarr")], "no zarr container", id="missing-input"),
         pytest.param([str(tmp_path / "vol.zarr/nope")], "no dataset 'nope'", id="missing-dataset"),
-        pytest.param([five_d], "needs (z, y, x) or (c, z, y, x)", id="five-axes"),
+        pytest.param([five_d], "needs (y, x), (z, y, x) or (c, z, y, x)", id="five-axes"),
         pytest.param([complex_vol], "supported input dtypes", id="unsupported-dtype"),
         pytest.param([volume, "--block", "0,16,16"], "block must be positive", id="zero-block"),
         pytest.param([volume, "--halo", "-1"], "halo must be non-negative", id="negative-halo"),

@@ -55,13 +55,18 @@ def open_volume(path: str | Path | VolumePath, mode: str = "r") -> Volume:
     """Open an existing volume for reading (``mode="r"``) or reading and writing (``"r+"``).
 
     Any array opens; :func:`check_input_volume` says whether blockpred can
-    predict it.  Raises :class:`InputNotFoundError` naming the missing
+    predict it.  An array of two axes (y, x) opens as (z, y, x) one plane deep.  Raises :class:`InputNotFoundError` naming the missing
     container or dataset.
     """
     if mode not in ("r", "r+"):
         raise InvalidOptionError(f"mode must be 'r' or 'r+', got {mode!r}")
     vpath = _as_path(path)
-    return _backend(vpath).open_volume(vpath, mode)
+    volume = _backend(vpath).open_volume(vpath, mode)
+    if volume.ndim == 2:  # a 2D image: a volume one plane deep
+        from .planar import PlanarVolume
+
+        return PlanarVolume(volume)
+    return volume
 
 
 def create_volume(

@@ -1,7 +1,7 @@
 """The one volume interface every backend implements, and path parsing.
 
 A :class:`Volume` is a 3D array (z, y, x) with an optional leading channel
-axis (c, z, y, x).  ``read`` and ``write`` take a *spatial* :class:`Box`; the
+axis (c, z, y, x); a 2D image (y, x) opens as one plane deep (see :mod:`.planar`).  ``read`` and ``write`` take a *spatial* :class:`Box`; the
 channel axis, when there is one, is always read and written whole.
 
 Paths name a format by their shape (:func:`parse_volume_path`):
@@ -243,7 +243,7 @@ class Volume(abc.ABC):
         return Box.from_shape(self.spatial_shape)
 
     def _index(self, box: Box) -> tuple[slice, ...]:
-        if box.ndim != 3:
+        if box.ndim != min(self.ndim, 3):  # (an array of two axes is indexed by (y, x) boxes)
             raise ValueError(f"box {box} has {box.ndim} axes; volume {self.path} is indexed by (z, y, x) boxes")
         if not self.box.contains(box):
             raise ValueError(f"box {box} is outside volume {self.path} of spatial shape {tuple(self.spatial_shape)}")
@@ -312,7 +312,7 @@ def check_input_volume(volume: Volume) -> None:
     """Raise :class:`InvalidVolumeError` unless ``volume`` can be predicted."""
     if volume.ndim not in (3, 4):
         raise InvalidVolumeError(
-            f"{volume.path} has {volume.ndim} axes {volume.shape}; blockpred needs (z, y, x) or (c, z, y, x)"
+            f"{volume.path} has {volume.ndim} axes {volume.shape}; blockpred needs (y, x), (z, y, x) or (c, z, y, x)"
             + _singleton_hint(volume.shape)
         )
     if 0 in volume.shape:

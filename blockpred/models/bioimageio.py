@@ -53,14 +53,17 @@ import logging
 import sys
 import tempfile
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
 from ..errors import InvalidOptionError, UntrustedPickleError
+from ..geometry import Coord
 from . import bioimageio_ops as ops
 from .bioimageio_ops import build_op
+from .planes import DEFAULT_BLOCK_2D, lift
 from .bioimageio_package import (Package, entry_file, fail, is_package,  # noqa: F401 - is_package: for callers
                                  one_line, read_checked, read_package, weights_entry_file)
 
@@ -71,8 +74,12 @@ STATISTICS_KEY = "bioimageio_statistics"
 # ---------------------------------------------------------------------- loading
 
 
-def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, Any], trust_pickle: bool):
-    """The package as a :class:`~.loaded.LoadedModel` (kind ``"bioimageio"``); see the module docstring."""
+def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, Any], trust_pickle: bool,
+                 plane: str | None = None):
+    """The package as a :class:`~.loaded.LoadedModel` (kind ``"bioimageio"``); see the module docstring.
+
+    A 2D package runs plane by plane, on ``plane`` (``yx`` by default); a 3D one takes no ``plane``.
+    """
     from .loaded import describe
 
     if weights is not None:
@@ -82,6 +89,14 @@ def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, An
         raise InvalidOptionError(f"model_kwargs {unknown} do not apply to bioimage.io package {str(model)!r}: "
                                  f"its architecture's arguments come from the package; drop them")
     package = read_package(model)
+    if plane is not None and not package.planar:
+        raise InvalidOptionError(f"--plane {plane} runs 2D networks plane by plane, but bioimage.io package "
+                                 f"{str(model)!r} is 3D (space axes z, y, x); drop --plane")
+    plane = (plane or "yx") if package.planar else None
+
+    def lifted(coord, across) -> Coord:  # a 2D package's (rows, cols) as (z, y, x)
+        return Coord(coord) if plane is None else lift(coord, plane, across)
+
     network, weights_sha = _load_network(package, trust_pickle)
     statistics = kwargs.get(STATISTICS_KEY)
     if package.needs_statistics and statistics is None:
@@ -93,16 +108,19 @@ def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, An
         pre=[build_op(s, statistics.get(f"pre.{i}")) for i, s in enumerate(package.pre)],
         post=[build_op(s, statistics.get(f"post.{i}")) for i, s in enumerate(package.post)],
         in_axes=package.in_axes, out_axes=package.out_axes, batch_one=package.batch_one,
-        min_shape=package.min_shape, step=package.step, fixed=package.fixed, package=package.name)
+        min_shape=lifted(package.min_shape, 1), step=lifted(package.step, 1),
+        fixed=package.fixed if plane is None else tuple(bool(f) for f in lift(package.fixed, plane, False)), package=package.name,
+        plane=plane)
     module.in_channels, module.out_channels = package.in_channels, package.out_channels
-    module.downsampling, module.padding = package.downsampling, package.padding
+    module.downsampling, module.padding = lifted(package.downsampling, 1), package.padding
     module = module.to(device="cpu").eval()
     # The fingerprint of the weights and of the description (its processing, axes, halo) together.
     sha = hashlib.sha256((weights_sha + package.rdf_sha256).encode()).hexdigest()
-    return describe(module, name=package.name, kind="bioimageio", sha=sha,
-                     default_block=package.default_block,
-                     # None stated: blockpred's default, except where a fixed input shape leaves no room for one.
-                     default_halo=package.halo if any(package.halo) or any(package.fixed) else None)
+    loaded = describe(module, name=package.name, kind="bioimageio", sha=sha,
+                      default_block=lifted(package.default_block, DEFAULT_BLOCK_2D[0]),
+                      # None stated: blockpred's default, except where a fixed input shape leaves no room for one.
+                      default_halo=lifted(package.halo, 0) if any(package.halo) or any(package.fixed) else None)
+    return replace(loaded, plane=plane)
 
 
 def _load_network(package: Package, trust_pickle: bool) -> tuple[torch.nn.Module, str]:

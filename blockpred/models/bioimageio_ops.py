@@ -8,6 +8,9 @@ network so it fits that device path unchanged::
     raw (b, c, z, y, x) -> preprocessing -> axes to the package's order -> network
       -> axes back to (b, c, z, y, x) -> postprocessing
 
+A 2D package's network runs on every plane of the block at once (its planes
+folded into the batch, see :mod:`.planes`), between the same steps.
+
 Every step is elementwise with constants fixed at load time (statistics of the
 volume are computed once by the client, see :mod:`.bioimageio`), so a step may
 run on a block, a batch or a sample of voxels with the same numbers.  Constants
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
+from .planes import per_plane, stack_axis
 
 TORCH_DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8, "int8": torch.int8,
@@ -120,11 +124,14 @@ class PackageNetwork(nn.Module):
     missing channel axis means one channel.  ``min_shape`` / ``step`` /
     ``fixed``: the spatial input shapes the package accepts (``min + k * step``,
     or exactly ``min`` where ``fixed``), checked before the network runs.
+    ``plane`` (a 2D package): the planes its network runs on; ``in_axes`` /
+    ``out_axes`` then index (b, c, rows, cols).
     """
 
     def __init__(self, network: nn.Module, *, pre: Sequence[nn.Module], post: Sequence[nn.Module],
                  in_axes: Sequence[int], out_axes: Sequence[int], batch_one: bool,
-                 min_shape: Sequence[int], step: Sequence[int], fixed: Sequence[bool], package: str):
+                 min_shape: Sequence[int], step: Sequence[int], fixed: Sequence[bool], package: str,
+                 plane: str | None = None):
         super().__init__()
         self.network = network
         self.pre = nn.Sequential(*pre)
@@ -133,6 +140,9 @@ class PackageNetwork(nn.Module):
         self.batch_one = batch_one or 0 not in self.in_axes
         self.min_shape, self.step, self.fixed = tuple(min_shape), tuple(step), tuple(fixed)
         self.package = package
+        self.plane = plane
+        if plane is not None:  # test-time flips leave the stacking axis alone (see .tta)
+            self.stack_dim = 2 + stack_axis(plane)
 
     def __deepcopy__(self, memo):
         """As the default, but without autograd: a TorchScript network copied with it has non-leaf
@@ -147,21 +157,25 @@ class PackageNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_shape(tuple(x.shape[2:]))
         x = self.pre(x)
+        return self.post(self._batched(x) if self.plane is None else per_plane(self._batched, x, self.plane))
+
+    def _batched(self, x: torch.Tensor) -> torch.Tensor:
         if self.batch_one and x.shape[0] > 1:
-            return self.post(torch.cat([self._network(x[i:i + 1]) for i in range(x.shape[0])]))
-        return self.post(self._network(x))
+            return torch.cat([self._network(x[i:i + 1]) for i in range(x.shape[0])])
+        return self._network(x)
 
     def _network(self, x: torch.Tensor) -> torch.Tensor:
-        missing = [a for a in range(5) if a not in self.in_axes]  # size 1 here (batch run one at a time)
+        rank = x.dim()
+        missing = [a for a in range(rank) if a not in self.in_axes]  # size 1 here (batch run one at a time)
         x = x.permute(*self.in_axes, *missing)
         x = x.reshape(x.shape[:len(self.in_axes)])
         y = self.network(x)
         if isinstance(y, (tuple, list)):
             y = y[0]  # the package's first output
-        missing = [a for a in range(5) if a not in self.out_axes]
+        missing = [a for a in range(rank) if a not in self.out_axes]
         y = y.reshape(tuple(y.shape) + (1,) * len(missing))
         order = list(self.out_axes) + missing
-        return y.permute(*[order.index(a) for a in range(5)])
+        return y.permute(*[order.index(a) for a in range(rank)])
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         bad = [axis for axis, (n, low, step, fixed) in enumerate(zip(shape, self.min_shape, self.step, self.fixed))

@@ -27,10 +27,14 @@ logger = logging.getLogger(__name__)
 
 #: Where the client hands the volume's statistics to the workers, in ``model_kwargs``.
 
-#: The default block of a package whose sizes allow it (then at least the package's minimum input).
+#: The default block of a package whose sizes allow it (then at least the package's minimum input);
+#: a 2D package's planes are this wide (see :mod:`.planes` for how deep its blocks are).
 DEFAULT_BLOCK = 64
+DEFAULT_PLANE = 256
 _YAML_NAMES = ("rdf.yaml", "bioimageio.yaml")
 _AXIS_INDEX = {"batch": 0, "channel": 1, "z": 2, "y": 3, "x": 4}
+#: A 2D package's axes: (batch, channel, rows, cols), its y and x the rows and columns of a plane.
+_AXIS_INDEX_2D = {"batch": 0, "channel": 1, "y": 2, "x": 3}
 _PRE_STEPS = ("binarize", "clip", "ensure_dtype", "fixed_zero_mean_unit_variance", "scale_linear", "scale_range",
               "sigmoid", "softmax", "zero_mean_unit_variance")
 
@@ -67,6 +71,8 @@ class Package:
     path: str
     name: str
     descr: Any = field(repr=False)
+    #: True for a 2D network (space axes y and x): sizes, step and halo below are then (rows, cols).
+    planar: bool
     in_axes: tuple[int, ...]
     out_axes: tuple[int, ...]
     batch_one: bool
@@ -92,12 +98,12 @@ class Package:
 
     @property
     def default_block(self) -> Coord:
-        sizes = []
+        sizes, wanted = [], DEFAULT_PLANE if self.planar else DEFAULT_BLOCK
         for low, step, fixed, halo in zip(self.min_shape, self.step, self.fixed, self.halo):
             if fixed:
                 sizes.append(low - 2 * halo)
             else:
-                sizes.append(math.ceil(max(DEFAULT_BLOCK, low - 2 * halo) / step) * step)
+                sizes.append(math.ceil(max(wanted, low - 2 * halo) / step) * step)
         return Coord(sizes)
 
 
@@ -155,11 +161,13 @@ def read_package(model: str | Path) -> Package:
     if len(descr.inputs) != 1:
         raise fail(path, f"has {len(descr.inputs)} inputs; blockpred predicts networks with one input")
     tensor_in, tensor_out = descr.inputs[0], descr.outputs[0]
-    in_axes, in_channels, batch_one = _map_axes(path, tensor_in, "input")
-    out_axes, out_channels, _ = _map_axes(path, tensor_out, "output")
     spatial_in = {str(a.id): a for a in tensor_in.axes if a.type == "space"}
-    sizes = []  # (min, step, fixed) per axis z, y, x
-    for name in "zyx":
+    planar = set(spatial_in) == {"y", "x"}
+    space = "yx" if planar else "zyx"
+    in_axes, in_channels, batch_one = _map_axes(path, tensor_in, "input", planar)
+    out_axes, out_channels, _ = _map_axes(path, tensor_out, "output", planar)
+    sizes = []  # (min, step, fixed) per axis (z,) y, x
+    for name in space:
         size = spatial_in[name].size
         if isinstance(size, int):
             sizes.append((size, 1, True))
@@ -185,9 +193,9 @@ def read_package(model: str | Path) -> Package:
         offset = getattr(size, "offset", 0) if hasattr(size, "axis_id") else None
         if offset is None or offset:
             padding = "valid" if offset and offset < 0 else None
-    halo = Coord(halo[name] for name in "zyx")
+    halo = Coord(halo[name] for name in space)
     package = Package(
-        path=str(path), name=str(descr.name), descr=descr, in_axes=in_axes, out_axes=out_axes, batch_one=batch_one,
+        path=str(path), name=str(descr.name), descr=descr, planar=planar, in_axes=in_axes, out_axes=out_axes, batch_one=batch_one,
         in_channels=in_channels, out_channels=out_channels, min_shape=Coord(mins), step=Coord(steps),
         fixed=tuple(fixed), halo=halo, padding=padding,
         pre=tuple(_steps(path, tensor_in.preprocessing, tensor_in, in_channels, "preprocessing", str(tensor_in.id))),
@@ -202,25 +210,28 @@ def read_package(model: str | Path) -> Package:
     return package
 
 
-def _map_axes(path, tensor, what: str) -> tuple[tuple[int, ...], int, bool]:
-    """The tensor's axes as blockpred axis indices, its channel count, and whether its batch is one."""
+def _map_axes(path, tensor, what: str, planar: bool) -> tuple[tuple[int, ...], int, bool]:
+    """The tensor's axes as blockpred axis indices ((b, c, z, y, x), or (b, c, y, x) when ``planar``),
+    its channel count, and whether its batch is one."""
     order, channels, batch_one = [], 1, False
+    index, space = (_AXIS_INDEX_2D, "yx") if planar else (_AXIS_INDEX, "zyx")
     for axis in tensor.axes:
         kind, name = axis.type, str(axis.id)
         key = kind if kind in ("batch", "channel") else name if kind == "space" else None
-        if key is None or key not in _AXIS_INDEX or _AXIS_INDEX[key] in order:
+        if key is None or key not in index or index[key] in order:
             shown = ", ".join(f"{a.type}:{a.id}" for a in tensor.axes)
             raise fail(path, f"{what} axes ({shown}) cannot be mapped to blockpred's (batch, channel, z, y, x): "
-                              f"{'a second ' + kind + ' axis' if key in _AXIS_INDEX else f'{kind} axis {name!r}'}; "
-                              f"blockpred runs 3D networks with space axes z, y, x")
-        order.append(_AXIS_INDEX[key])
+                              f"{'a second ' + kind + ' axis' if key in index else f'{kind} axis {name!r}'}; "
+                              f"blockpred runs 3D networks with space axes z, y, x and 2D ones with y, x")
+        order.append(index[key])
         if kind == "channel":
             channels = len(axis.channel_names)
         if kind == "batch" and getattr(axis, "size", None) == 1:
             batch_one = True
-    missing = [n for n in "zyx" if _AXIS_INDEX[n] not in order]
+    missing = [n for n in space if index[n] not in order]
     if missing:
-        raise fail(path, f"{what} has no space axis {', '.join(missing)}; blockpred runs 3D networks (z, y, x)")
+        raise fail(path, f"{what} has no space axis {', '.join(missing)}; blockpred runs 3D networks (z, y, x) "
+                          f"and 2D ones (y, x)")
     return tuple(order), channels, batch_one
 
 
@@ -230,9 +241,11 @@ def _per_channel(path, kwargs, tensor, what: str) -> bool:
     if axes is None:
         return False
     axes = {str(a) for a in axes}
-    if not {"z", "y", "x"} <= axes:
+    space = {str(a.id) for a in tensor.axes if a.type == "space"}
+    if not space <= axes:
         raise fail(path, f"{what} reduces over axes {sorted(axes)}: statistics per slice do not exist "
-                          f"blockwise; blockpred computes them over the volume (all of z, y, x)", InvalidOptionError)
+                          f"blockwise; blockpred computes them over the volume (all of {', '.join(sorted(space))})",
+                   InvalidOptionError)
     channel = next((str(a.id) for a in tensor.axes if a.type == "channel"), None)
     return channel is not None and channel not in axes
 

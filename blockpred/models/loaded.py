@@ -29,7 +29,9 @@ class LoadedModel:
     ``padding`` None when unknown.  ``default_block`` / ``default_halo`` are
     set by presets and by modules that carry such attributes.
     ``weights_sha256`` fingerprints the weights: the hash of the weights file's
-    bytes, or of the state dict's tensors when there is no file.
+    bytes, or of the state dict's tensors when there is no file.  A 2D network
+    is wrapped to run plane by plane (``plane`` says on which planes); its
+    block, halo and downsampling are then (z, y, x) as for any network.
     """
 
     module: nn.Module
@@ -42,6 +44,8 @@ class LoadedModel:
     default_block: Coord | None
     default_halo: Coord | None
     weights_sha256: str
+    #: For a 2D network: the planes it runs on (``yx``, ``zy``, ``zx``; see :mod:`.planes`); None for a 3D one.
+    plane: str | None = None
 
 
 def describe(module: nn.Module, *, name: str, kind: str, sha: str,

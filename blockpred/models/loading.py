@@ -56,6 +56,7 @@ from ..errors import InputNotFoundError, InvalidOptionError, ModelLoadError
 from ..geometry import Coord
 from .bioimageio import is_package
 from .loaded import LoadedModel, describe
+from .planes import as_planes, check_plane
 from .presets import PRESETS
 from .state_dicts import build_from_state_dict, find_state_dict, load_strict, strip_prefix
 from .torchfile import file_sha256, has_placeholders, is_placeholder, read_torch_file, state_dict_sha256
@@ -78,25 +79,33 @@ def load_model(
     weights: str | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
     trust_pickle: bool = False,
+    plane: str | None = None,
 ) -> LoadedModel:
     """Load ``model`` (a preset, a file or ``package.module:factory``; see the module docstring).
+
+    A 2D network comes wrapped to run plane by plane, on ``plane`` (``yx``
+    by default); ``plane`` names a 2D network (see :mod:`.planes`).
 
     ``model`` may also be an ``nn.Module`` (the Python API's ``predict(model=net)``):
     it is put in eval mode and cast to float32 on the CPU in place, and ``weights``,
     if given, are loaded into it strictly (kind ``"module"``).
     """
-    kwargs = dict(model_kwargs or {})
+    check_plane(plane)
     kind = model_kind(model)
+    if kind == "bioimageio":  # a bioimage.io package (rdf.yaml, its folder or .zip): see .bioimageio
+        from .bioimageio import load_package
+
+        return load_package(Path(model), weights, dict(model_kwargs or {}), trust_pickle, plane)
+    return as_planes(_load(model, kind, weights, dict(model_kwargs or {}), trust_pickle), plane)
+
+
+def _load(model: str | nn.Module, kind: str, weights: str | None, kwargs: dict, trust_pickle: bool) -> LoadedModel:
     if kind == "module":
         return _load_module(model, weights, kwargs, trust_pickle)
     model = str(model)
     if kind == "preset":
         return _load_preset(model, weights, kwargs, trust_pickle)
     path = Path(model)
-    if kind == "bioimageio":  # a bioimage.io package (rdf.yaml, its folder or .zip): see .bioimageio
-        from .bioimageio import load_package
-
-        return load_package(path, weights, kwargs, trust_pickle)
     if kind == "file":
         if weights is not None:
             raise InvalidOptionError(

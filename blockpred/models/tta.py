@@ -2,7 +2,8 @@
 
 ``--tta flips`` averages the 8 flips of z, y and x (4, of y and x, for a
 block one plane deep); ``--tta flips-yx`` the 4 flips of y and x (anisotropic
-data, whose z differs in kind).  The wrapper sits around the network inside
+data, whose z differs in kind).  A 2D network run plane by plane (see
+:mod:`.planes`) is flipped within its planes only: 4 passes.  The wrapper sits around the network inside
 the run's predictor, so every flipped pass sees the same padded block, and a
 block's halo is symmetric: a flipped block is the flipped volume's block at
 the mirrored place, and the cropped output stays exactly the whole volume's
@@ -32,7 +33,7 @@ class FlipAverage(nn.Module):
         self.flips = [dims for k in range(len(axes) + 1) for dims in combinations(axes, k)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flips = self.flips if x.shape[2] > 1 else [dims for dims in self.flips if 2 not in dims]  # one plane: no z
+        flips = [dims for dims in self.flips if all(x.shape[d] > 1 for d in dims)]  # flipping one plane: no change
         total = None
         for dims in flips:
             y = self.net(x.flip(dims) if dims else x)
@@ -42,15 +43,23 @@ class FlipAverage(nn.Module):
 
 
 def with_tta(module: nn.Module, mode: str) -> nn.Module:
-    """``module`` itself for ``off``, else wrapped in :class:`FlipAverage` for ``mode``."""
+    """``module`` itself for ``off``, else wrapped in :class:`FlipAverage` for ``mode`` (a 2D network's
+    planes flipped within the plane)."""
     if mode == "off":
         return module
-    return FlipAverage(module, _AXES[mode])
+    return FlipAverage(module, _axes(mode, module))
 
 
-def passes(mode: str, depth: int = 2) -> int:
-    """Network passes per block under ``mode`` (a block ``depth`` planes deep)."""
+def _axes(mode: str, module: nn.Module | None) -> tuple[int, ...]:
+    stack = getattr(module, "stack_dim", None)  # a 2D network's planes are stacked along it
+    return tuple(a for a in _AXES[mode] if a != stack)
+
+
+def passes(mode: str, depth: int = 2, module: nn.Module | None = None) -> int:
+    """Network passes per block under ``mode`` (a block ``depth`` planes deep, of ``module``)."""
     if mode == "off":
         return 1
-    axes = _AXES[mode] if depth > 1 else tuple(a for a in _AXES[mode] if a != 2)
+    axes = _axes(mode, module)
+    if depth == 1:
+        axes = tuple(a for a in axes if a != 2)
     return 2 ** len(axes)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import threading
 import time
@@ -182,6 +183,18 @@ def _upload_form(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
+def _set_layout(module: torch.nn.Module, memory_format: str) -> None:
+    """Every 5D weight in ``channels_last_3d`` (or back), every 4D one in ``channels_last``: a 2D network
+    run plane by plane (see :mod:`blockpred.models.planes`) gets its planes channels last."""
+    last = memory_format == "channels_last"
+    layouts = {5: torch.channels_last_3d if last else torch.contiguous_format,
+               4: torch.channels_last if last else torch.contiguous_format}
+    with torch.no_grad():
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if tensor.dim() in layouts:
+                tensor.data = tensor.data.contiguous(memory_format=layouts[tensor.dim()])
+
+
 class Predictor:
     """Runs ``module`` on ``device`` at ``precision`` (fp32, tf32, fp16, bf16).
 
@@ -215,7 +228,7 @@ class Predictor:
                 if isinstance(layer, _CAST_ONCE):
                     layer.to(low)
         if memory_format == "channels_last":
-            self.module.to(memory_format=torch.channels_last_3d)
+            _set_layout(self.module, memory_format)
         self._forward = self.module
         if compile != "off":
             self._forward = torch.compile(self.module, mode=None if compile == "default" else compile, dynamic=False)
@@ -239,8 +252,7 @@ class Predictor:
             raise InvalidOptionError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
         if self.compile != "off" and memory_format != self.memory_format:
             raise InvalidOptionError("the memory format of a compiled network is fixed; choose it with --memory-format")
-        layout = torch.channels_last_3d if memory_format == "channels_last" else torch.contiguous_format
-        self.module.to(memory_format=layout)
+        _set_layout(self.module, memory_format)
         self.memory_format = memory_format
 
     def autocast(self):

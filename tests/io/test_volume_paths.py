@@ -73,7 +73,7 @@ def test_check_input_volume_accepts_supported_3d_and_4d_volumes(tmp_path, dtype)
 def test_check_input_volume_refuses_a_volume_with_five_axes(tmp_path):
     path = write_test_volume(f"{tmp_path}/five.zarr", np.zeros((1, 1, 4, 4, 4), np.uint8))
     with open_volume(path) as volume:
-        with pytest.raises(InvalidVolumeError, match=r"5 axes .*needs \(z, y, x\) or \(c, z, y, x\)"):
+        with pytest.raises(InvalidVolumeError, match=r"5 axes .*needs \(y, x\), \(z, y, x\) or \(c, z, y, x\)"):
             check_input_volume(volume)
 
 
