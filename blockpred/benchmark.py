@@ -133,6 +133,7 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     ``blockpred run`` would for a volume of shape ``region``.
     """
     from .models import load_model
+    from .models.planes import check_halo, default_halo
     from .models.tta import with_tta
     from .network import probe_network
     from .pipeline import resolve_device
@@ -141,7 +142,10 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     target = resolve_device(device)
     loaded = load_model(model, weights=weights)  # once: each predictor casts its own copy to its precision
     given = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
-    halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else DEFAULT_HALO)
+    halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else
+                                           DEFAULT_HALO if loaded.plane is None else default_halo(loaded.plane))
+    if loaded.plane is not None:
+        check_halo(halo_, loaded.plane, loaded.name)
     in_channels = loaded.in_channels or 1
     if isinstance(block, Coord):  # the rule `run` applies, before any device time is spent
         check_block_on_grid(given, loaded.downsampling)
@@ -158,6 +162,8 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
                 progress(f"{loaded.name} {precision}: auto size {sizing}")
             chosen = sizing.block
             batches = [sizing.batch_size if b == "auto" else b for b in batches]
+        if target.type == "cpu" and progress is not None:
+            progress(_cpu_estimate(predictor, loaded, in_channels, chosen, halo_, batches, warmup + iterations))
         geometry = probe_network(predictor, in_channels=in_channels, block=chosen, halo=halo_,
                                  downsampling=loaded.downsampling)
         for batch_size in dict.fromkeys(batches):
@@ -167,6 +173,35 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
                                    input_shape=geometry.input_shape, batch_size=int(batch_size), warmup=warmup,
                                    iterations=iterations))
     return results
+
+
+def _cpu_estimate(predictor: Predictor, loaded, in_channels: int, block: Coord, halo: Coord, batches: list,
+                  passes: int) -> str:
+    """What the passes at ``block`` will take on the CPU, from one pass of a block a quarter as large per axis
+    (a CPU's time grows with the voxels): said before minutes go into them."""
+    from .autosize import probe_block
+    from .network import probe_network
+
+    small = probe_block(block, loaded.downsampling)
+    started = time.perf_counter()
+    try:
+        probe = probe_network(predictor, in_channels=in_channels, block=small, halo=halo,
+                              downsampling=loaded.downsampling)
+    except Exception:  # noqa: BLE001 - too small for the network: the full block's dry run says what is wrong
+        return f"{loaded.name} {predictor.precision}: block {tuple(block)} on the CPU (no estimate)"
+    seconds = time.perf_counter() - started
+    if seconds < 1.0:  # the first pass's start-up (threads, allocations) would dominate: time a warm one
+        x = torch.rand((1, in_channels) + tuple(probe.input_shape))
+        started = time.perf_counter()
+        with torch.inference_mode():
+            predictor.forward(x)
+        seconds = time.perf_counter() - started
+    full = (block + halo * 2).ceil_div(loaded.downsampling) * loaded.downsampling
+    per_pass = seconds * full.prod() / probe.input_shape.prod()
+    total = per_pass * (1 + passes * sum(int(b) for b in batches))  # the dry run, then each batch's passes
+    return (f"{loaded.name} {predictor.precision}: block {tuple(block)} on the CPU, about {per_pass:.1f} s a block "
+            f"(from a pass of input {tuple(probe.input_shape)} in {seconds:.2f} s): about "
+            f"{f'{total:.0f} s' if total < 120 else f'{total / 60:.0f} min'} of passes")
 
 
 def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, halo: Coord, region: Coord, *,

@@ -11,9 +11,13 @@ def test_bench_prints_the_throughput_table_and_the_json_has_every_figure(tmp_pat
     report_path = tmp_path / "bench.json"
     assert main(["bench", "--model", "tiny", "--device", "cpu", "--batch-size", "1,2", "--warmup", "1",
                  "--iterations", "2", "--block", "32", "--json", str(report_path)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     report = json.loads(report_path.read_text())
     assert report["environment"]["torch"] and len(report["results"]) == 2
+    said = captured.err.splitlines()  # what is measured, and on a CPU its estimate, before the passes
+    assert said[0].startswith("measuring tiny fp32: block (32, 32, 32) on the CPU, about ") and "of passes" in said[0]
+    assert said[1].startswith("measuring tiny fp32 batch 1: input (52, 52, 52)")
     table_rows = [line.split() for line in out.splitlines() if line.startswith("fp32")]
     assert len(table_rows) == 2
     for row, result in zip(table_rows, report["results"]):
