@@ -27,141 +27,27 @@ trials are cached per model, device, precision and constraints (see
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
-from .blocking import blocks_per_axis
-from .cache import JsonFile, default_cache_dir
 from .errors import InvalidOptionError
-from .geometry import Box, Coord
-from .pipeline import DeviceSteps, Predictor, is_out_of_memory
+from .geometry import Coord
+from .pipeline import Predictor, is_out_of_memory
+from .sizecache import SizeCache, cache_key, device_key
+from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block
+
+__all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key", "model_key", "pick",
+           "probe_block", "search", "trial_runner"]
 
 logger = logging.getLogger(__name__)
 
 #: Fraction of the device memory free at the start that trials may use: the rest is headroom for
 #: the batch in flight, pinned staging and fragmentation.
 MEMORY_FRACTION = 0.85
-CACHE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Trial:
-    block: Coord
-    batch_size: int
-    #: "ok", "out of memory" or "over budget".
-    outcome: str
-    mvox_per_s: float = 0.0
-    seconds_per_pass: float = 0.0
-    peak_bytes: int | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.outcome == "ok"
-
-
-@dataclass(frozen=True)
-class SizeChoice:
-    block: Coord
-    batch_size: int
-    mvox_per_s: float
-    trials: tuple[Trial, ...] = ()
-    cached: bool = False
-    #: The block was not timed: its pass is the largest timed one's scaled by input voxels (see :func:`pick`).
-    estimated: bool = False
-    #: False when the search's time ended before it did: a later run may go on where it stopped.
-    complete: bool = True
-
-    def __str__(self) -> str:
-        how = "cached trials" if self.cached else "trials"
-        what = "estimated from the largest" if self.estimated else "fastest"
-        return (f"block {'x'.join(map(str, self.block))}, batch {self.batch_size}: {what} of "
-                f"{sum(t.fits for t in self.trials)} that fit ({how}), {self.mvox_per_s:.2f} Mvox/s over the region")
-
-
-@dataclass(frozen=True)
-class SizeProblem:
-    """What the trials need to know: the network's geometry and the run's constraints."""
-
-    in_channels: int
-    raw_dtype: np.dtype
-    halo: Coord
-    context: Coord
-    #: Network input minus (block + 2 x (halo + context)) of any block that is a multiple of ``step``.
-    input_extra: Coord
-    #: Blocks are multiples of this (downsampling, and output chunks when given).
-    step: Coord
-    #: Where the search starts: the model's default block (or the one given).
-    base_block: Coord
-    #: The region to predict: blocks are scored by how fast they would tile it.
-    roi: Box
-    steps: DeviceSteps = DeviceSteps()
-    fixed_block: Coord | None = None
-    fixed_batch: int | None = None
-    max_batch: int = 64
-
-    @property
-    def max_block(self) -> Coord:
-        """No block need be larger than the region to predict, rounded up to the step."""
-        return self.roi.shape.ceil_div(self.step) * self.step
-
-    def roi_mvox_per_s(self, trial: "Trial") -> float:
-        """Mvox/s over the region: its voxels per second of the passes that tile it with ``trial``'s block."""
-        passes = -(-self.blocks_over_region(trial.block).prod() // trial.batch_size)
-        return self.roi.size / (passes * trial.seconds_per_pass) / 1e6
-
-    def input_shape(self, block: Coord) -> Coord:
-        return block + (self.halo + self.context) * 2 + self.input_extra
-
-    def candidates(self, coarse: bool = False) -> list[Coord]:
-        """Blocks from smallest to largest, each a multiple of the step, none above ``max_block``.
-
-        ``coarse`` (the measured defaults): from the base block up, twice as long per axis each
-        step (eight times the voxels), so a few trials reach blocks that cover the region.
-        Each candidate is :meth:`balanced` over the region.
-        """
-        if self.fixed_block is not None:
-            return [self.fixed_block]
-        seen: list[Coord] = []
-        for k in (range(0, 19, 3) if coarse else range(-9, 19)):
-            factor = 2 ** (k / 3)
-            block = self.balanced(Coord(min(math.ceil(b * factor / s) * s, m)
-                                        for b, s, m in zip(self.base_block, self.step, self.max_block)))
-            if block not in seen:
-                seen.append(block)
-        return sorted(seen, key=lambda b: (b.prod(), tuple(b)))
-
-    def blocks_over_region(self, block: Coord) -> Coord:
-        """Blocks per axis that cover the region (the grid starts at the volume's origin)."""
-        return blocks_per_axis(self.roi, block)
-
-    def balanced(self, block: Coord) -> Coord:
-        """The smallest block (on the step) that covers the region in as many blocks per axis as ``block``.
-
-        128 on an axis of 704 needs 6 blocks and computes 768; 120 needs 6 too and computes 720.  Same
-        count, same halo per block, less to compute: never slower, and it fits wherever ``block`` fits.
-        """
-        count = self.blocks_over_region(block)
-        fitted = self.roi.end.ceil_div(count).ceil_div(self.step) * self.step
-        fitted = fitted.minimum(block)
-        return fitted if self.blocks_over_region(fitted) == count else block
-
-
-def probe_block(base_block: Coord, step: Coord) -> Coord:
-    """A small block for the dry run before a search: a quarter of the base per axis (the base may not fit)."""
-    return (base_block // 4).maximum(step).ceil_div(step) * step
-
-
-def model_key(name: str, weights_sha256: str | None, kwargs: dict | None = None) -> dict:
-    """The model as the cache tells models apart."""
-    return {"name": name, "weights": weights_sha256, "kwargs": json.loads(json.dumps(kwargs or {}, default=str))}
 
 
 def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2,
@@ -372,62 +258,6 @@ def _index_of_base(candidates: list[Coord], base: Coord) -> int:
     return fitting[-1] if fitting else 0
 
 
-class SizeCache:
-    """Trials by key in one JSON file: ``$BLOCKPRED_CACHE_DIR``, ``$XDG_CACHE_HOME/blockpred`` or ``~/.cache/blockpred``.
-
-    The region is not part of the key: the trials of one search serve any
-    region whose blocks they cover (each region then picks its own winner),
-    unless the earlier region capped the search.
-    """
-
-    def __init__(self, path: Path | None = None):
-        self.path = path if path is not None else default_cache_dir() / "sizes.json"
-        self._file = JsonFile(self.path)
-
-    def _entries(self) -> dict:
-        return self._file.read()
-
-    def get(self, key: dict, problem: SizeProblem) -> list[Trial] | None:
-        """The cached trials that serve ``problem`` (see :meth:`get_entry`)."""
-        found = self.get_entry(key, problem)
-        return None if found is None else found[0]
-
-    def get_entry(self, key: dict, problem: SizeProblem) -> tuple[list[Trial], bool] | None:
-        """The cached trials that serve ``problem``, and whether their search was complete (not cut short)."""
-        for entry in self._entries().get(_digest(key), []):
-            try:
-                trials = [Trial(Coord(t["block"]), int(t["batch_size"]), str(t["outcome"]),
-                                float(t["mvox_per_s"]), float(t["seconds_per_pass"])) for t in entry["trials"]]
-                same_cap = Coord(entry["max_block"]) == problem.max_block
-                covered = not entry["capped"] and all(t.block.minimum(problem.max_block) == t.block for t in trials)
-            except (KeyError, TypeError, ValueError):
-                continue
-            if (same_cap or covered) and any(t.fits for t in trials):
-                return trials, bool(entry.get("complete", True))
-        return None
-
-    def put(self, key: dict, problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...],
-            complete: bool = True) -> None:
-        entries = self._entries()
-        capped = any(b == m for t in trials for b, m in zip(t.block, problem.max_block))
-        entry = {"max_block": list(problem.max_block), "capped": capped, "key": key, "complete": complete,
-                 "trials": [_trial_json(t) for t in trials]}
-        entries[_digest(key)] = [entry] + [e for e in entries.get(_digest(key), [])
-                                           if e.get("max_block") != entry["max_block"]][:7]
-        self._file.write(entries, "the block size trials")
-
-
-def device_key(predictor: Predictor) -> dict:
-    """The device as the cache tells devices apart: its name and memory (not its index), and the kernels' versions."""
-    import torch
-
-    cuda = predictor.device.type == "cuda"
-    versions = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if cuda else None}
-    if cuda:
-        props = torch.cuda.get_device_properties(predictor.device)
-        return {"type": "cuda", "name": props.name, "memory": props.total_memory, **versions}
-    return {"type": "cpu", "threads": torch.get_num_threads(), **versions}
-
 
 def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
                  budget_bytes: int | None = None, quick_s: float | None = None,
@@ -443,11 +273,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     ``cached_only``: the cache alone; None when nothing is cached.
     ``known``: trials the caller already timed (see :func:`search`).
     """
-    key = {"version": CACHE_VERSION, "model": model_key, "device": device_key(predictor),
-           "precision": predictor.precision, "compile": predictor.compile, "memory_format": predictor.memory_format,
-           "budget_bytes": budget_bytes, "problem": _problem_json(problem)}
-    if quick_s is not None:
-        key["search"] = "quick"
+    key = cache_key(model_key, predictor, problem, budget_bytes, quick=quick_s is not None)
     cache = cache if cache is not None else SizeCache()
     found = cache.get_entry(key, problem)
     if found is not None and (found[1] or cached_only):
@@ -465,26 +291,6 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice
 
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def _problem_json(problem: SizeProblem) -> dict:
-    out: dict[str, Any] = {}
-    for name, value in asdict(problem).items():
-        if name == "roi":
-            continue  # not part of the key: see SizeCache
-        if name == "steps":
-            value = {"scale": problem.steps.scale, "offset": problem.steps.offset,
-                     "channels": problem.steps.channels, "output_dtype": np.dtype(problem.steps.output_dtype).name}
-        out[name] = value if not isinstance(value, (np.dtype, type)) else np.dtype(value).name
-    return json.loads(json.dumps(out, default=str))
-
-
-def _trial_json(trial: Trial) -> dict:
-    return {"block": list(trial.block), "batch_size": trial.batch_size, "outcome": trial.outcome,
-            "mvox_per_s": trial.mvox_per_s, "seconds_per_pass": trial.seconds_per_pass, "peak_bytes": trial.peak_bytes}
 
 
 def _finish(pending) -> None:

@@ -25,7 +25,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .autosize import device_key
+from .sizecache import device_key
 from .cache import JsonFile, default_cache_dir
 from .config import MEMORY_FORMATS
 from .pipeline import Predictor, is_out_of_memory

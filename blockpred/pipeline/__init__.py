@@ -12,6 +12,7 @@
 
 from .backoff import Backoff, is_out_of_memory
 from .infer import DeviceSteps, Predictor, resolve_device
-from .worker import PipelineSettings, RunStats, run_blocks
+from .stats import RunStats
+from .worker import PipelineSettings, run_blocks
 
 __all__ = ["Backoff", "is_out_of_memory", "DeviceSteps", "Predictor", "resolve_device", "PipelineSettings", "RunStats", "run_blocks"]

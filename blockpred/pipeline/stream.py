@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Iterator
 from ..blocking import Block
 from ..errors import BlockFailedError
 from .prefetch import Idle
-from .worker import RunStats, raise_failures
+from .stats import RunStats
+from .worker import raise_failures
 
 _IDS = itertools.count(1)
 
