@@ -61,11 +61,10 @@ import torch
 
 from ..errors import InvalidOptionError, UntrustedPickleError
 from ..geometry import Coord
-from . import bioimageio_ops as ops
-from .bioimageio_ops import build_op
-from .planes import DEFAULT_BLOCK_2D, lift
+from .bioimageio_ops import PackageNetwork, build_op
 from .bioimageio_package import (Package, entry_file, fail, is_package,  # noqa: F401 - is_package: for callers
                                  one_line, read_checked, read_package, weights_entry_file)
+from .planes import DEFAULT_BLOCK_2D, lift
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, An
         raise fail(model, "normalises with statistics of the input volume, which blockpred run, plan and "
                            "predict compute; this command has no volume to compute them on")
     statistics = statistics or {}
-    module = ops.PackageNetwork(
+    module = PackageNetwork(
         network,
         pre=[build_op(s, statistics.get(f"pre.{i}")) for i, s in enumerate(package.pre)],
         post=[build_op(s, statistics.get(f"post.{i}")) for i, s in enumerate(package.post)],

@@ -48,7 +48,7 @@ import torch
 from ..config import COMPILE_MODES, MEMORY_FORMATS
 from ..errors import InvalidOptionError
 from ..hostmem import keep_freed_memory
-from . import cpu_steps
+from .cpu_steps import after_network, normalized
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ class Predictor:
         """
         start = time.perf_counter()
         raw = blocks[0][np.newaxis] if len(blocks) == 1 else np.stack(blocks)  # one block: no copy
-        x = torch.from_numpy(cpu_steps.normalized(raw, steps.scale, steps.offset))
+        x = torch.from_numpy(normalized(raw, steps.scale, steps.offset))
         before_s = time.perf_counter() - start
         if self._threads is None:
             self._threads = (ThreadPoolExecutor(1, thread_name_prefix="blockpred-network"),
@@ -356,7 +356,7 @@ class Predictor:
         crop = None if steps.crop is None else tuple(steps.crop)
         cropped = values.shape[2:] if crop is None else values[(0, 0) + crop].shape
         counted = None if steps.counted is None else _explicit(steps.counted, cropped)
-        result, counts = cpu_steps.after_network(values, crop=crop, channels=steps.channels,
+        result, counts = after_network(values, crop=crop, channels=steps.channels,
                                                  output_dtype=steps.output_dtype, counted=counted)
         return result, counts, network_s + time.perf_counter() - start
 
