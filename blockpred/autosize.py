@@ -119,13 +119,14 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
            max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False,
-           known: tuple[Trial, ...] = ()) -> SizeChoice:
+           known: tuple[Trial, ...] = (), untimed: bool = True) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
     No trial starts that would end after ``max_total_s`` (its time is
     foreseen from the last trial's, scaled by the voxels of the pass; the best
     so far wins): on a slow device the search must not cost more than it saves.
-    ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``.
+    ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``, and, with
+    ``untimed``, a larger one chosen untimed where it should pay (see :func:`pick`).
     ``known``: trials already run (the caller timed them, or an earlier search cut short by its
     time): taken as they are, not run again.  The choice is not ``complete`` when the time ended
     the search after it ran a trial: one that ran none could not go further at this time either.
@@ -157,7 +158,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         if trial is None:
             trial = run(block, batch_size)
             ran.append(trial)
-        took = trial.seconds_per_pass if (block, batch_size) in already else time.perf_counter() - begin
+        # A known trial's time foresees a trial's: at least a warm-up pass and a timed one (see trial_runner).
+        took = 2 * trial.seconds_per_pass if (block, batch_size) in already else time.perf_counter() - begin
         last[:] = [(problem.input_shape(block).prod() * batch_size, took)]
         trials.append(trial)
         logger.info("trial block %s batch %d: %s%s", "x".join(map(str, block)), batch_size, trial.outcome,
@@ -203,7 +205,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
                     break  # does not fit, or a bigger batch no longer pays
                 best = score(trial)
                 batch_size *= 2
-    return replace(pick(problem, trials, extrapolate=coarse), complete=not (cut_short and ran))
+    return replace(pick(problem, trials, extrapolate=coarse and untimed), complete=not (cut_short and ran))
 
 
 #: An untimed block wins only where its estimate beats the fastest timed one by this factor.
@@ -276,9 +278,13 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     key = cache_key(model_key, predictor, problem, budget_bytes, quick=quick_s is not None)
     cache = cache if cache is not None else SizeCache()
     found = cache.get_entry(key, problem)
+    # A block chosen untimed pays off on a GPU.  On a CPU its first passes fault in memory the timed blocks
+    # already hold (tiny at 4 Mvox: 64x128x128 untimed ran its device steps in 1.84 s, 64^3 timed in 1.31 s).
+    untimed = predictor.device.type != "cpu"
     if found is not None and (found[1] or cached_only):
         trials, complete = found
-        return replace(pick(problem, trials, cached=True, extrapolate=quick_s is not None), complete=complete)
+        return replace(pick(problem, trials, cached=True, extrapolate=quick_s is not None and untimed),
+                       complete=complete)
     if cached_only:
         return None
     known = (tuple(found[0]) if found is not None else ()) + tuple(known)  # a search cut short goes on
@@ -286,7 +292,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes), known=known)
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True),
-                        max_total_s=quick_s, coarse=True, known=known)
+                        max_total_s=quick_s, coarse=True, known=known, untimed=untimed)
     predictor.release_memory()
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice

@@ -6,6 +6,8 @@ quick; the network logs every non-zero input block it sees, which shows
 whether a run measured (trial passes on random data) or not.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import yaml
@@ -86,12 +88,12 @@ def test_a_search_cut_short_goes_on_from_its_trials_and_is_done_when_time_allows
     def run(block: Coord, batch: int) -> Trial:  # a pass takes 1 us per input voxel of the search's clock
         tried.append(block)
         trial = _timed(block[0], 1e-6)
-        clock[0] += trial.seconds_per_pass
+        clock[0] += 2 * trial.seconds_per_pass  # a warm-up pass and a timed one, as trial_runner's quick trials
         return trial
 
-    first = search(problem, run, max_total_s=0.1, coarse=True, known=(_timed(16, 1e-6),))  # 32^3: 0.064 s
-    again = search(problem, run, max_total_s=0.5, coarse=True, known=first.trials)  # 64^3: 0.37 s more
-    stuck = search(problem, run, max_total_s=0.5, coarse=True, known=again.trials)  # 128^3 would take 2.5 s
+    first = search(problem, run, max_total_s=0.2, coarse=True, known=(_timed(16, 1e-6),))  # 32^3: 0.13 s
+    again = search(problem, run, max_total_s=0.8, coarse=True, known=first.trials)  # 64^3: 0.75 s more
+    stuck = search(problem, run, max_total_s=0.8, coarse=True, known=again.trials)  # 128^3 would take 5 s
     assert tried == [Coord((32, 32, 32)), Coord((64, 64, 64))]  # no trial ran twice across the three
     assert not first.complete and not again.complete
     assert stuck.complete and stuck.trials == again.trials  # no time for a new trial: done
@@ -183,6 +185,25 @@ def test_the_quick_search_starts_no_trial_it_foresees_ending_past_its_time():
     # Not timed, but chosen: 64 blocks of 72^3 compute 23.9 M input voxels over the region, 512 of 40^3 32.8 M.
     assert choice.block == Coord((64, 64, 64)) and choice.estimated and choice.batch_size == 1
     assert "estimated" in str(choice)
+
+
+def test_a_known_trial_foresees_a_trial_of_two_passes_a_warm_up_and_a_timed_one():
+    """The caller's timed pass of the start block is known; a trial of the next block runs two passes (as
+    trial_runner's quick trials do): foreseen at one, a 2.1 s run's 0.5 s budget was spent twice over."""
+    problem = dataclasses.replace(_quick_problem(), fixed_batch=1)
+    tried = []
+
+    def run(block: Coord, batch: int) -> Trial:
+        tried.append(block)
+        seconds = problem.input_shape(block).prod() * 1e-6
+        return Trial(block, batch, "ok", block.prod() / seconds / 1e6, seconds)
+
+    known = run(Coord((16, 16, 16)), 1)  # 24^3: 0.014 s a pass; 32^3's input 40^3: 0.064 s, a trial 0.128 s
+    tried.clear()
+    assert search(problem, run, max_total_s=0.1, coarse=True, known=(known,)).estimated  # 32^3, untimed
+    assert tried == []  # 0.064 s would fit 0.1 s; the 0.128 s a trial takes does not
+    search(problem, run, max_total_s=0.2, coarse=True, known=(known,))
+    assert tried[0] == Coord((32, 32, 32))
 
 
 def _quick_problem() -> SizeProblem:
