@@ -74,43 +74,6 @@ class UNet2d(nn.Module):
         return self.head(x)
 
 
-def build_package(root: Path, plane: np.ndarray) -> Path:
-    from bioimageio.spec import ValidationContext, save_bioimageio_package_as_folder
-    from bioimageio.spec.common import FileDescr
-    from bioimageio.spec.generic.v0_3 import Author, CiteEntry, Doi, LicenseId
-    from bioimageio.spec.model import v0_5 as m
-
-    work = root / "src"
-    work.mkdir()
-    torch.manual_seed(0)
-    torch.jit.script(UNet2d().eval()).save(str(work / "weights.pt"))
-    np.save(work / "input.npy", plane[None, None].astype(np.float32))
-    np.save(work / "output.npy", np.zeros((1, 2) + plane.shape, np.float32))
-    axes = [m.AxisId(a) for a in ("channel", "y", "x")]
-    in_axes = [m.BatchAxis(), m.ChannelAxis(channel_names=[m.Identifier("em")])] + [
-        m.SpaceInputAxis(id=m.AxisId(a), size=m.ParameterizedSize(min=64, step=16)) for a in "yx"]
-    out_axes = [m.BatchAxis(), m.ChannelAxis(channel_names=[m.Identifier("fg"), m.Identifier("boundary")])] + [
-        m.SpaceOutputAxisWithHalo(id=m.AxisId(a), halo=HALO,
-                                  size=m.SizeReference(tensor_id=m.TensorId("raw"), axis_id=m.AxisId(a)))
-        for a in "yx"]
-    with ValidationContext(perform_io_checks=False, root=work):
-        descr = m.ModelDescr(
-            name="bench unet2d", description="a seeded 2D U-Net for blockpred's plane benchmark",
-            authors=[Author(name="blockpred")], cite=[CiteEntry(text="blockpred", doi=Doi("10.1000/xyz"))],
-            license=LicenseId("MIT"),
-            inputs=[m.InputTensorDescr(id=m.TensorId("raw"), axes=in_axes, test_tensor=FileDescr(source="input.npy"),
-                                       preprocessing=[m.ZeroMeanUnitVarianceDescr(
-                                           kwargs=m.ZeroMeanUnitVarianceKwargs(axes=axes))])],
-            outputs=[m.OutputTensorDescr(id=m.TensorId("pred"), axes=out_axes,
-                                         test_tensor=FileDescr(source="output.npy"),
-                                         postprocessing=[m.SigmoidDescr()])],
-            weights=m.WeightsDescr(torchscript=m.TorchscriptWeightsDescr(
-                source="weights.pt", pytorch_version=m.Version(torch.__version__.split("+")[0]))),
-        )
-        folder = save_bioimageio_package_as_folder(descr, output_path=root / "pkg")
-    return folder / "rdf.yaml"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="32,512,512", help="volume z,y,x [32,512,512]")
@@ -119,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.helpers import write_test_volume  # the suite's writer: zarr v3, zstd
+    from tests.helpers import build_2d_package, write_test_volume  # the suite's builder and writer
 
     with tempfile.TemporaryDirectory(prefix="bench-planes-") as tmp:
         root = Path(tmp)
@@ -127,7 +90,10 @@ def main() -> None:
         raw = np.clip(rng.normal(128, 40, size=shape), 0, 255).astype(np.uint8)
         volume = write_test_volume(str(root / "vol.zarr"), raw, chunks=(1, 256, 256))
         np.save(root / "vol.npy", raw)
-        rdf = build_package(root, raw[0])
+        torch.manual_seed(0)
+        torch.jit.script(UNet2d().eval()).save(str(root / "unet2d.pt"))
+        rdf = build_2d_package(root, root / "unet2d.pt", raw[0], halo=HALO, min_size=64, step=16,
+                               zmuv_axes=("channel", "y", "x"), name="bench-unet2d")
         cache = root / "cache"
         rows = []
         for label in ("first run", "cached"):

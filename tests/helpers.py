@@ -109,3 +109,45 @@ def assert_refused(result: subprocess.CompletedProcess, *expected: str) -> None:
     assert "Traceback" not in result.stderr
     for text in expected:
         assert text in lines[0], lines[0]
+
+
+def build_2d_package(root: Path, weights_file: Path, plane: np.ndarray, *, halo: int, min_size: int, step: int,
+                     zmuv_axes: tuple[str, ...] | None = None, name: str = "pkg2d") -> Path:
+    """A 2D bioimage.io package ``root/name/rdf.yaml`` made by bioimageio.spec (format 0.5): TorchScript weights
+    from ``weights_file`` taking (b, 1, y, x) to (b, 2, y, x); input sizes ``min_size + k * step``; an output
+    halo of ``halo``; zero-mean-unit-variance preprocessing (over ``zmuv_axes``, else all axes) and a sigmoid.
+    ``plane`` is its test input (the test output, zeros, is not checked offline)."""
+    from bioimageio.spec import ValidationContext, save_bioimageio_package_as_folder
+    from bioimageio.spec.common import FileDescr
+    from bioimageio.spec.generic.v0_3 import Author, CiteEntry, Doi, LicenseId
+    from bioimageio.spec.model import v0_5 as m
+    import torch
+
+    work = root / f"{name}-src"
+    work.mkdir()
+    np.save(work / "input.npy", plane[None, None].astype(np.float32))
+    np.save(work / "output.npy", np.zeros((1, 2) + plane.shape, np.float32))
+    (work / "weights.pt").write_bytes(Path(weights_file).read_bytes())
+    in_axes = [m.BatchAxis(), m.ChannelAxis(channel_names=[m.Identifier("em")])] + [
+        m.SpaceInputAxis(id=m.AxisId(a), size=m.ParameterizedSize(min=min_size, step=step)) for a in "yx"]
+    out_axes = [m.BatchAxis(), m.ChannelAxis(channel_names=[m.Identifier("fg"), m.Identifier("boundary")])] + [
+        m.SpaceOutputAxisWithHalo(id=m.AxisId(a), halo=halo,
+                                  size=m.SizeReference(tensor_id=m.TensorId("raw"), axis_id=m.AxisId(a)))
+        for a in "yx"]
+    zmuv = m.ZeroMeanUnitVarianceDescr() if zmuv_axes is None else m.ZeroMeanUnitVarianceDescr(
+        kwargs=m.ZeroMeanUnitVarianceKwargs(axes=[m.AxisId(a) for a in zmuv_axes]))
+    with ValidationContext(perform_io_checks=False, root=work):
+        descr = m.ModelDescr(
+            name=f"blockpred {name}", description="a small 2D U-Net for blockpred's tests and benches",
+            authors=[Author(name="blockpred")], cite=[CiteEntry(text="blockpred", doi=Doi("10.1000/xyz"))],
+            license=LicenseId("MIT"),
+            inputs=[m.InputTensorDescr(id=m.TensorId("raw"), axes=in_axes, test_tensor=FileDescr(source="input.npy"),
+                                       preprocessing=[zmuv])],
+            outputs=[m.OutputTensorDescr(id=m.TensorId("pred"), axes=out_axes,
+                                         test_tensor=FileDescr(source="output.npy"),
+                                         postprocessing=[m.SigmoidDescr()])],
+            weights=m.WeightsDescr(torchscript=m.TorchscriptWeightsDescr(
+                source="weights.pt", pytorch_version=m.Version(torch.__version__.split("+")[0]))),
+        )
+        folder = save_bioimageio_package_as_folder(descr, output_path=root / name)
+    return folder / "rdf.yaml"

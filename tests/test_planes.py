@@ -14,7 +14,7 @@ from blockpred.io import open_volume
 from blockpred.models import load_model
 from blockpred.models.planes import PlaneNetwork, spatial_dims
 from blockpred.models.tta import passes, with_tta
-from tests.helpers import write_test_volume
+from tests.helpers import build_2d_package, write_test_volume
 from tests.pipeline.test_exactness import em_like
 
 SHAPE = (16, 48, 32)  # z, y, x: yx planes 48 x 32, zy planes 16 x 48 (the package takes 32 + k*16 per side)
@@ -65,42 +65,6 @@ def assert_close(got, expected):
     assert diff <= TOLERANCE, f"max |diff| {diff} exceeds {TOLERANCE}"
 
 
-def build_package_2d(root, weights_file, plane: np.ndarray):
-    """A 2D bioimage.io package (axes b, c, y, x) made by bioimageio.spec: input sizes 32 + k*16, an output
-    halo of 8, zero-mean-unit-variance preprocessing and a sigmoid; TorchScript weights."""
-    from bioimageio.spec import ValidationContext, save_bioimageio_package_as_folder
-    from bioimageio.spec.common import FileDescr
-    from bioimageio.spec.generic.v0_3 import Author, CiteEntry, Doi, LicenseId
-    from bioimageio.spec.model import v0_5 as m
-
-    work = root / "pkg2d-src"
-    work.mkdir()
-    np.save(work / "input.npy", plane[None, None].astype(np.float32))
-    np.save(work / "output.npy", np.zeros((1, 2) + plane.shape, np.float32))  # not checked offline
-    (work / "weights.pt").write_bytes(weights_file.read_bytes())
-    in_axes = [m.BatchAxis(), m.ChannelAxis(channel_names=[m.Identifier("em")])] + [
-        m.SpaceInputAxis(id=m.AxisId(a), size=m.ParameterizedSize(min=32, step=16)) for a in "yx"]
-    out_axes = [m.BatchAxis(), m.ChannelAxis(channel_names=[m.Identifier("fg"), m.Identifier("boundary")])] + [
-        m.SpaceOutputAxisWithHalo(id=m.AxisId(a), halo=HALO,
-                                  size=m.SizeReference(tensor_id=m.TensorId("raw"), axis_id=m.AxisId(a)))
-        for a in "yx"]
-    with ValidationContext(perform_io_checks=False, root=work):
-        descr = m.ModelDescr(
-            name="blockpred test 2d", description="a tiny 2D U-Net for blockpred's tests",
-            authors=[Author(name="blockpred")], cite=[CiteEntry(text="blockpred", doi=Doi("10.1000/xyz"))],
-            license=LicenseId("MIT"),
-            inputs=[m.InputTensorDescr(id=m.TensorId("raw"), axes=in_axes, test_tensor=FileDescr(source="input.npy"),
-                                       preprocessing=[m.ZeroMeanUnitVarianceDescr()])],
-            outputs=[m.OutputTensorDescr(id=m.TensorId("pred"), axes=out_axes,
-                                         test_tensor=FileDescr(source="output.npy"),
-                                         postprocessing=[m.SigmoidDescr()])],
-            weights=m.WeightsDescr(torchscript=m.TorchscriptWeightsDescr(
-                source="weights.pt", pytorch_version=m.Version(torch.__version__.split("+")[0]))),
-        )
-        folder = save_bioimageio_package_as_folder(descr, output_path=root / "pkg2d")
-    return folder / "rdf.yaml"
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("planes")
@@ -110,7 +74,7 @@ def setup(tmp_path_factory):
     torch.jit.script(net).save(str(scripted))
     return {"root": root, "raw": raw, "net": net, "scripted": scripted,
             "volume": write_test_volume(str(root / "vol.zarr"), raw, chunks=(4, 16, 16)),
-            "package": build_package_2d(root, scripted, raw[0])}
+            "package": build_2d_package(root, scripted, raw[0], halo=HALO, min_size=32, step=16)}
 
 
 def _package_reference(setup, planes: np.ndarray) -> np.ndarray:
