@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 #: The default block of a package whose sizes allow it (then at least the package's minimum input);
 #: a 2D package's planes are this wide (see :mod:`.planes` for how deep its blocks are).
 DEFAULT_BLOCK = 64
-DEFAULT_PLANE = 256
+DEFAULT_PLANE = 512
 _YAML_NAMES = ("rdf.yaml", "bioimageio.yaml")
 _AXIS_INDEX = {"batch": 0, "channel": 1, "z": 2, "y": 3, "x": 4}
 #: A 2D package's axes: (batch, channel, rows, cols), its y and x the rows and columns of a plane.
