@@ -35,10 +35,11 @@ PLANES = ("yx", "zy", "zx")
 _STACK = {"yx": 0, "zy": 2, "zx": 1}
 #: Halo (rows, cols) of a 'same' 2D network that states none (as blockpred's 3D default, 8).
 DEFAULT_HALO_2D = (8, 8)
-#: Start block of a 2D network that names none: planes deep, rows, cols.  Four planes of 512^2 per
-#: block (1 Mvox; 64^3 is 0.26): a 2D network's halo is paid in two axes only, so wide planes waste
-#: little (a halo of 16: 1.13x the voxels at 512^2, 1.27x at 256^2).
-DEFAULT_BLOCK_2D = (4, 512, 512)
+#: Start block of a 2D network that names none: planes deep, rows, cols.  One plane of 512^2: its halo
+#: is paid in two axes only, so a wide plane wastes little (a halo of 16: 1.13x the voxels at 512^2, 1.27x
+#: at 256^2); the batch is then the planes per network call, and the measured defaults and --batch-size
+#: auto size it (a 2D U-Net on 2 CPU cores: 3.5 planes/s one plane a pass, 2.0 four planes a pass).
+DEFAULT_BLOCK_2D = (1, 512, 512)
 
 _LAYERS_2D = ("Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "InstanceNorm2d")
 _LAYERS_3D = ("Conv3d", "ConvTranspose3d", "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d")
