@@ -2,10 +2,12 @@
 ``--plane zy``, a 2D image, and the checks of options a 2D network cannot take."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch import nn
 
 import blockpred
@@ -93,6 +95,20 @@ def test_a_2d_package_predicts_each_plane_as_the_network_on_the_whole_plane(setu
     assert tuple(summary.plan.halo) == (0, HALO, HALO)  # the package's halo, none across planes
     assert summary.as_dict()["plane"] == "yx" and summary.planes_per_s > 0
     assert "2D network on yx planes: 8 planes of 16x16 per pass" in str(summary)  # batch 2 of 4 planes
+    assert_close(read_all(target), _package_reference(setup, setup["raw"]))
+
+
+def test_a_2d_package_with_state_dict_weights_builds_its_architecture_from_a_library(setup):
+    folder = setup["root"] / "pkg2d-state"
+    shutil.copytree(setup["package"].parent, folder)
+    torch.save(setup["net"].state_dict(), folder / "state.pt")
+    content = yaml.safe_load((folder / "rdf.yaml").read_text())
+    content["weights"] = {"pytorch_state_dict": {"source": "state.pt", "pytorch_version": "2.0", "architecture": {
+        "callable": "make_net2d", "import_from": "tests.test_planes"}}}
+    (folder / "rdf.yaml").write_text(yaml.safe_dump(content))
+    target = str(setup["root"] / "state.zarr")
+    blockpred.predict(setup["volume"], target, model=str(folder / "rdf.yaml"), block=(16, 16, 16), device="cpu",
+                      progress=False, local=True)
     assert_close(read_all(target), _package_reference(setup, setup["raw"]))
 
 
