@@ -215,17 +215,23 @@ def kills_on_marker(fault_file: str) -> KillsOnMarker:
 
 
 class SlowToLoad(torch.nn.Module):
-    """The tiny preset, slow to build in a worker process: it leaves ``<claim_dir>/<pid>``, then sleeps ``delay_s``.
+    """The tiny preset, slow to build in a worker process: it leaves ``<claim_dir>/<pid>``, then sleeps ``delay_s``
+    and waits while the file ``hold_while`` exists (if one is named; at most 120 s).
 
-    A test kills the worker while the run's plugin loads the network on it.
+    A test kills the worker while the run's plugin loads the network on it
+    (held there until the test removes ``hold_while``: the other workers,
+    and the one started again, then go on at once).
     The client (not a multiprocessing child) builds it at once.
     """
 
-    def __init__(self, claim_dir: str, delay_s: float):
+    def __init__(self, claim_dir: str, delay_s: float = 0.0, hold_while: str | None = None):
         super().__init__()
         if multiprocessing.parent_process() is not None:
             open(os.path.join(claim_dir, str(os.getpid())), "w").close()
             time.sleep(delay_s)
+            deadline = time.monotonic() + 120
+            while hold_while is not None and os.path.exists(hold_while) and time.monotonic() < deadline:
+                time.sleep(0.02)
         self.net = build_preset("tiny")
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
@@ -234,5 +240,5 @@ class SlowToLoad(torch.nn.Module):
         return self.net(x)
 
 
-def slow_to_load(claim_dir: str, delay_s: float) -> SlowToLoad:
-    return SlowToLoad(claim_dir, delay_s)
+def slow_to_load(claim_dir: str, delay_s: float = 0.0, hold_while: str | None = None) -> SlowToLoad:
+    return SlowToLoad(claim_dir, delay_s, hold_while)

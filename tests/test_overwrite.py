@@ -5,6 +5,8 @@ refused permission part-way through the deletion, then the same command
 without ``--overwrite``, said "0 blocks (N already done)" over chunks read as
 zeros.  Now the markers are invalidated first, so what is left is an output
 without markers: refused without ``--overwrite``, replaced with it.
+
+The old outputs are made in this process; the commands under test run as real ``python -m blockpred``.
 """
 
 import os
@@ -17,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+from blockpred.cli import main
 from blockpred.io import open_volume, parse_volume_path
 from blockpred.markers import markers_path
 from tests.helpers import child_env, error_line, run_blockpred, snapshot, write_test_volume
@@ -37,18 +40,19 @@ def _source(tmp_path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["zarr", "n5"])
-def test_an_overwrite_that_cannot_move_the_old_output_changes_nothing(tmp_path, fmt, immutable):
+def test_an_overwrite_that_cannot_move_the_old_output_changes_nothing(tmp_path, fmt, immutable, capsys):
     source = _source(tmp_path)
     out = f"{tmp_path}/out.{fmt}/pred"
-    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    assert main(["run", source, out, *PINNED]) == 0  # the old output, made in this process
     expected, before = _read(out), snapshot(tmp_path)
     immutable(tmp_path / f"out.{fmt}")  # the container: its dataset cannot be renamed or deleted
     first = run_blockpred("run", source, out, "--overwrite", "--output-dtype", "uint8", *PINNED)
     assert first.returncode == 2
     assert "cannot delete the old output" in error_line(first.stderr)
     assert snapshot(tmp_path) == before, "a refused overwrite changed the output or its markers"
-    again = run_blockpred("run", source, out, *PINNED)  # the first command again: nothing lost, nothing to do
-    assert again.returncode == 0 and "(16 already done)" in again.stdout
+    capsys.readouterr()
+    assert main(["run", source, out, *PINNED]) == 0  # the first command again (here): nothing lost, nothing to do
+    assert "(16 already done)" in capsys.readouterr().out
     np.testing.assert_array_equal(_read(out), expected)
 
 
@@ -57,7 +61,7 @@ def test_an_overwrite_that_cannot_move_the_old_output_changes_nothing(tmp_path, 
 def test_an_old_output_that_cannot_be_deleted_is_moved_aside_and_replaced(tmp_path, fmt, immutable):
     source = _source(tmp_path)
     out = f"{tmp_path}/out.{fmt}/pred"
-    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    assert main(["run", source, out, *PINNED]) == 0  # the old output, made in this process
     stuck = {"zarr": "out.zarr/pred/0", "n5": "out.n5/pred/0"}[fmt]  # entries of this one cannot go
     immutable(tmp_path / stuck)
     replaced = run_blockpred("run", source, out, "--overwrite", "--output-dtype", "uint8", *PINNED)
@@ -74,7 +78,7 @@ def test_an_old_output_that_cannot_be_deleted_is_moved_aside_and_replaced(tmp_pa
 @pytest.mark.slow
 def test_an_hdf5_output_that_cannot_be_deleted_is_one_line_and_keeps_no_markers(tmp_path, immutable):
     source, out = _source(tmp_path), f"{tmp_path}/out.h5:/pred"
-    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    assert main(["run", source, out, *PINNED]) == 0  # the old output, made in this process
     immutable(tmp_path / "out.h5")
     first = run_blockpred("run", source, out, "--overwrite", *PINNED)
     assert first.returncode == 2 and "out.h5" in error_line(first.stderr)
@@ -87,7 +91,7 @@ def test_an_hdf5_output_that_cannot_be_deleted_is_one_line_and_keeps_no_markers(
 def test_a_kill_during_the_deletion_of_an_old_output_is_never_resumed_as_finished(tmp_path):
     source = _source(tmp_path)
     out = f"{tmp_path}/out.zarr/pred"
-    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    assert main(["run", source, out, *PINNED]) == 0  # the old output, made in this process
     expected = _read(out)
     # Many files in one chunk folder make the deletion long enough to kill in the middle of it.
     crowded = tmp_path / "out.zarr/pred/0/c/0"
@@ -132,7 +136,7 @@ def _cut_short_during_creation(out: str) -> None:
 
 def test_an_output_left_half_created_by_a_killed_run_is_created_again_by_the_rerun(tmp_path):
     source, out = _source(tmp_path), str(tmp_path / "out.zarr")
-    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    assert main(["run", source, out, *PINNED]) == 0  # the old output, made in this process
     expected = _read(out)
     _cut_short_during_creation(out)
     rerun = run_blockpred("run", source, out, *PINNED)
@@ -143,7 +147,7 @@ def test_an_output_left_half_created_by_a_killed_run_is_created_again_by_the_rer
 
 def test_an_output_that_cannot_be_opened_but_has_done_blocks_is_refused_and_kept(tmp_path):
     source, out = _source(tmp_path), str(tmp_path / "out.zarr")
-    assert run_blockpred("run", source, out, *PINNED).returncode == 0
+    assert main(["run", source, out, *PINNED]) == 0  # the old output, made in this process
     shutil.rmtree(os.path.join(out, "0"))  # damaged by hand: its markers still vouch for every block
     before = snapshot(tmp_path / "out.zarr.blockpred")
     rerun = run_blockpred("run", source, out, *PINNED)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -72,9 +73,12 @@ def test_a_second_run_on_a_live_output_exits_2_naming_the_holder_and_changes_not
                    "--batch-size", "1", *PINNED, cwd=tmp_path)
     try:
         _wait_for(lambda: os.path.exists(_lock_of(out)), first, "lock")
-        second = run_blockpred("run", source, out, "--output-dtype", "uint8", "--batch-size", "2", *PINNED)
-        same = run_blockpred("run", source, out, "--model", "tests.networks:gated", "--config",
-                             _gated_config(tmp_path, gate), "--batch-size", "1", *PINNED)
+        with ThreadPoolExecutor(2) as pool:  # both at once: each meets the first run's lock on its own
+            second = pool.submit(run_blockpred, "run", source, out, "--output-dtype", "uint8", "--batch-size", "2",
+                                 *PINNED)
+            same = pool.submit(run_blockpred, "run", source, out, "--model", "tests.networks:gated", "--config",
+                               _gated_config(tmp_path, gate), "--batch-size", "1", *PINNED)
+        second, same = second.result(), same.result()
     finally:
         gate.unlink()
     stdout, stderr = first.communicate(timeout=300)
@@ -88,26 +92,39 @@ def test_a_second_run_on_a_live_output_exits_2_naming_the_holder_and_changes_not
 
 
 @pytest.mark.slow
-def test_two_runs_started_together_leave_one_owner_and_a_readable_output(tmp_path):
-    """Both runs' checks pass before either writes: a network whose every pass (the dry run too) takes 0.6 s."""
+def test_two_runs_started_together_leave_one_owner_and_a_readable_output(tmp_path, capsys):
+    """Both runs' checks pass before either writes: a network whose every pass (the dry run too) takes 0.6 s.
+
+    Slow until one of the runs has ended (the loser, or a winner that finished first): from then on only one
+    run is left, and it goes on at full speed; so do the runs after it.
+    """
     source, out = _volume(tmp_path, (32, 32, 64)), str(tmp_path / "out.zarr")
+    slow = tmp_path / "slow"
+    slow.touch()
     config = tmp_path / "slow.yaml"
-    config.write_text(yaml.safe_dump({"model_kwargs": {"log_path": str(tmp_path / "passes.log"), "delay_s": 0.6}}))
+    config.write_text(yaml.safe_dump({"model_kwargs": {"log_path": str(tmp_path / "passes.log"), "delay_s": 0.6,
+                                                       "delay_while": str(slow)}}))
     common = ("--model", "tests.networks:logged", "--config", str(config), *PINNED)
     options = [("--batch-size", "1", *common), ("--output-dtype", "uint8", "--batch-size", "2", *common)]
     runs = [_start(source, out, *options[0], cwd=tmp_path)]
     time.sleep(0.3)
     runs.append(_start(source, out, *options[1], cwd=tmp_path))
+    deadline = time.monotonic() + 300
+    while all(run.poll() is None for run in runs):
+        assert time.monotonic() < deadline, "neither run ended within 300 s"
+        time.sleep(0.05)
+    slow.unlink()
     results = [(run.wait(timeout=300), *run.communicate()) for run in runs]
     assert sorted(code for code, _, _ in results) == [0, 2], results
     winner = 0 if results[0][0] == 0 else 1
     loser_line = error_line(results[1 - winner][2])
     assert "in use by another blockpred run" in loser_line or "appeared while this run was starting" in loser_line
-    clean = str(tmp_path / "clean.zarr")
-    assert run_blockpred("run", source, clean, *options[winner]).returncode == 0
+    clean = str(tmp_path / "clean.zarr")  # the winner's command on a fresh output, in this process
+    assert main(["run", source, clean, *options[winner]]) == 0
     np.testing.assert_array_equal(_read(out), _read(clean))
-    rerun = run_blockpred("run", source, out, *options[winner])
-    assert rerun.returncode == 0 and "(16 already done)" in rerun.stdout
+    capsys.readouterr()
+    assert main(["run", source, out, *options[winner]]) == 0  # the winner's command again: nothing left to do
+    assert "(16 already done)" in capsys.readouterr().out
 
 
 @pytest.mark.slow

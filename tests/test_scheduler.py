@@ -25,6 +25,8 @@ from tests.helpers import write_test_volume, child_env
 #: (it would run the instrumented networks in the client) and batches never group blocks differently
 #: between runs (CPU kernels round the last bit differently per batch size).
 PINNED = {"batch_size": 1, "memory_format": "contiguous"}
+#: Most run blocks of 16^3 with a halo of 4 (network input 24^3), not the tiny network's halo of 10 (input 36^3,
+#: 3.4 times the compute): what they check is where and how often blocks run, not the receptive field.
 
 
 def read_all(path: str) -> np.ndarray:
@@ -43,12 +45,17 @@ def markers_of(output: str) -> DoneMarkers:
 
 @pytest.mark.slow
 def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
+    """Also where the blocks ran: one CPU worker in this process, several in worker processes (the tiny network,
+    logging the id of the process of each block)."""
     source = random_volume(tmp_path, (32, 64, 80))
     outputs = []
     for workers in (1, 2, 3):
-        out = str(tmp_path / f"out{workers}.zarr")
-        summary = blockpred.predict(source, out, block=16, halo=10, workers=workers, progress=False, **PINNED)
+        out, log = str(tmp_path / f"out{workers}.zarr"), tmp_path / f"pids{workers}.log"
+        summary = blockpred.predict(source, out, block=16, halo=4, workers=workers, progress=False, **PINNED,
+                                    model="tests.networks:pid_logged", model_kwargs={"log_path": str(log)})
         assert len(summary.workers) == workers and summary.stats.num_blocks == 2 * 4 * 5
+        pids = {int(p) for p in log.read_text().split()}
+        assert (pids == {os.getpid()}) if workers == 1 else (os.getpid() not in pids), pids
         outputs.append(read_all(out))
     assert outputs[0].dtype == np.float32
     assert outputs[0].tobytes() == outputs[1].tobytes() == outputs[2].tobytes()
@@ -63,9 +70,9 @@ def test_a_worker_runs_all_its_tasks_on_one_pipeline_and_frees_it_when_the_run_e
 
     source = random_volume(tmp_path, (32, 64, 128))
     local = str(tmp_path / "local.zarr")
-    blockpred.predict(source, local, block=16, halo=10, local=True, progress=False, **PINNED)
+    blockpred.predict(source, local, block=16, halo=4, local=True, progress=False, **PINNED)
     out = str(tmp_path / "dask.zarr")
-    summary = blockpred.predict(source, out, block=16, halo=10, workers=1, progress=False, **PINNED)
+    summary = blockpred.predict(source, out, block=16, halo=4, workers=1, progress=False, **PINNED)
     (worker,) = summary.workers.values()  # one CPU worker: in this process
     assert worker.num_blocks == 2 * 4 * 8 and worker.tasks > 2 and worker.pipelines == 1
     assert 0 < worker.busy_s <= summary.stats.seconds, "busy seconds are the pipeline's, not summed over tasks"
@@ -77,7 +84,7 @@ def test_a_worker_runs_all_its_tasks_on_one_pipeline_and_frees_it_when_the_run_e
 
 def _config(tmp_path, **model_kwargs) -> str:
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"model_kwargs": model_kwargs, "block": 16, "halo": 10, **PINNED}))
+    path.write_text(yaml.safe_dump({"model_kwargs": model_kwargs, "block": 16, "halo": 4, **PINNED}))
     return str(path)
 
 
@@ -105,14 +112,16 @@ def _wait_for_done(output: str, count: int, process: subprocess.Popen, timeout_s
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path):
+def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path, capsys):
     source = random_volume(tmp_path, (32, 64, 64))
     clean = str(tmp_path / "clean.zarr")
-    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False, **PINNED)
+    blockpred.predict(source, clean, block=16, halo=4, local=True, progress=False, **PINNED)
     out = str(tmp_path / "out.zarr")
     first_log, second_log = str(tmp_path / "first.log"), str(tmp_path / "second.log")
+    slow = tmp_path / "slow"  # the network sleeps 0.15 s a pass while this file exists: the first run only
+    slow.touch()
     args = [source, out, "--model", "tests.networks:logged", "--workers", "2"]
-    args += ["--config", _config(tmp_path, log_path=first_log, delay_s=0.15)]
+    args += ["--config", _config(tmp_path, log_path=first_log, delay_s=0.15, delay_while=str(slow))]
     run = _start_run(args, tmp_path)
     _wait_for_done(out, 8, run)
     workers = _worker_processes(run.pid)
@@ -123,12 +132,12 @@ def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path)
     done_before = len(markers_of(out).done_indices())
     assert 8 <= done_before < 32
 
-    # The same command again; the first run's forward log is moved aside to tell the runs apart.
+    # The same command again (at full speed); the first run's forward log is moved aside to tell the runs apart.
     (tmp_path / "first.log").rename(second_log)
-    rerun = _start_run(args, tmp_path)
-    stdout, stderr = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, stderr
-    assert f"in {32 - done_before} blocks ({done_before} already done)" in stdout
+    slow.unlink()
+    capsys.readouterr()
+    assert main(["run", *args, "--no-progress"]) == 0  # in this process: the kill was the first run's part
+    assert f"in {32 - done_before} blocks ({done_before} already done)" in capsys.readouterr().out
     first = Path(second_log).read_text().split()
     second = Path(first_log).read_text().split()
     recomputed = set(first) & set(second)
@@ -213,9 +222,9 @@ def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skippe
     mask[6, 13, 9] = 1  # z 24..28, y 52..56, x 36..40: block (1, 3, 2)
     mask_path = write_test_volume(str(tmp_path / "mask.zarr"), mask)
     full = str(tmp_path / "full.zarr")
-    blockpred.predict(source, full, block=16, halo=10, local=True, progress=False, **PINNED)
+    blockpred.predict(source, full, block=16, halo=4, local=True, progress=False, **PINNED)
     out = str(tmp_path / "out.zarr")
-    summary = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, workers=2, progress=False,
+    summary = blockpred.predict(source, out, block=16, halo=4, mask=mask_path, workers=2, progress=False,
                                 **PINNED)
     assert summary.stats.num_blocks == 2 and summary.stats.num_skipped == 30
     markers = markers_of(out)
@@ -225,7 +234,7 @@ def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skippe
     np.testing.assert_array_equal(got[:, :16, :16, :16], want[:, :16, :16, :16])
     np.testing.assert_array_equal(got[:, 16:, 48:, 32:48], want[:, 16:, 48:, 32:48])
     assert not got[:, 16:, :48].any()
-    again = blockpred.predict(source, out, block=16, halo=10, mask=mask_path, local=True, progress=False,
+    again = blockpred.predict(source, out, block=16, halo=4, mask=mask_path, local=True, progress=False,
                               **PINNED)
     assert again.stats.num_blocks == 0 and again.num_resumed == 32
 
@@ -256,9 +265,9 @@ def test_an_hdf5_output_in_the_input_file_is_written_by_one_dask_worker(tmp_path
 def test_a_slow_worker_keeps_few_blocks_and_the_fast_one_takes_over_the_rest(tmp_path):
     source = random_volume(tmp_path, (32, 64, 64))  # 32 blocks of 16^3
     clean = str(tmp_path / "clean.zarr")
-    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False, **PINNED)
+    blockpred.predict(source, clean, block=16, halo=4, local=True, progress=False, **PINNED)
     out = str(tmp_path / "out.zarr")
-    summary = blockpred.predict(source, out, block=16, halo=10, workers=2, progress=False, **PINNED,
+    summary = blockpred.predict(source, out, block=16, halo=4, workers=2, progress=False, **PINNED,
                                 model="tests.networks:uneven",
                                 model_kwargs={"claim_file": str(tmp_path / "slow"), "delay_s": 1.0})
     counts = sorted(w.num_blocks for w in summary.workers.values())
@@ -278,7 +287,7 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
 
     source = random_volume(tmp_path, (32, 64, 64))
     clean = str(tmp_path / "clean.zarr")
-    blockpred.predict(source, clean, block=16, halo=10, local=True, progress=False, **PINNED)
+    blockpred.predict(source, clean, block=16, halo=4, local=True, progress=False, **PINNED)
     gate = tmp_path / "gate"
     gate.touch()  # every block waits until the late worker is in
     out = str(tmp_path / "out.zarr")
@@ -289,7 +298,7 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
         def run() -> None:
             try:
                 result["summary"] = blockpred.predict(
-                    source, out, block=16, halo=10, device="cpu", scheduler=cluster.scheduler_address,
+                    source, out, block=16, halo=4, device="cpu", scheduler=cluster.scheduler_address,
                     progress=False, model="tests.networks:gated", **PINNED,
                     model_kwargs={"gate_file": str(gate), "delay_s": 0.05})
             except BaseException as err:  # noqa: BLE001 - reported by the assertion below
@@ -319,12 +328,14 @@ def test_a_worker_that_joins_after_the_run_started_receives_blocks(tmp_path):
     np.testing.assert_array_equal(read_all(out), read_all(clean))
 
 
-@pytest.mark.parametrize("workers, through_dask, in_this_process", [(None, False, True), (1, True, True),
-                                                                    (2, True, False)])
+@pytest.mark.parametrize("workers, through_dask, in_this_process", [(None, False, True), (1, True, True)])
 @pytest.mark.slow
 def test_one_cpu_runs_in_the_client_process_and_several_workers_are_processes(tmp_path, workers, through_dask,
                                                                             in_this_process):
-    """No --workers on a machine without a GPU: no dask at all; --workers 1: one dask worker in this process."""
+    """No --workers on a machine without a GPU: no dask at all; --workers 1: one dask worker in this process.
+
+    Several workers run their blocks in worker processes: test_one_two_and_three_workers_write_identical_outputs.
+    """
     source = random_volume(tmp_path, (16, 32, 64))  # 8 blocks of 16^3
     log = tmp_path / "pids.log"
     summary = blockpred.predict(source, str(tmp_path / "out.zarr"), block=16, halo=4, workers=workers,

@@ -156,8 +156,10 @@ def test_a_run_killed_on_s3_resumes_and_computes_only_the_missing_blocks(s3, tmp
     out = s3.url("out.zarr/pred")
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"model_kwargs": {"log_path": str(first_log), "delay_s": 0.15}, "block": 16,
-                                      "halo": 4, **PINNED}))
+    slow = tmp_path / "slow"  # the network sleeps 0.15 s a pass while this file exists: the first run only
+    slow.touch()
+    config.write_text(yaml.safe_dump({"model_kwargs": {"log_path": str(first_log), "delay_s": 0.15,
+                                                       "delay_while": str(slow)}, "block": 16, "halo": 4, **PINNED}))
     args = [source, out, "--model", "tests.networks:logged", "--config", str(config), "--local"]
     run = _start_run(args, tmp_path)
     deadline = time.monotonic() + 120
@@ -171,6 +173,7 @@ def test_a_run_killed_on_s3_resumes_and_computes_only_the_missing_blocks(s3, tmp
     assert 6 <= done_before < 32
 
     first_log.rename(second_log)  # the first run's forward passes, told apart from the rerun's
+    slow.unlink()  # the same command again, at full speed
     rerun = _start_run(args, tmp_path)
     stdout, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr
