@@ -11,22 +11,30 @@ zarr volume, the same network weights and the same halo:
   **first run**, which pays for measuring; its cache is then kept) and in every
   round after it (**cached**: what every later run costs).  The configuration
   the command chose (its ``chosen:`` line) is printed;
-* ``torch-em predict_with_halo_pipelined`` (and ``predict_with_halo`` with
-  ``--all-peers``), timed in-process on the same network object: block 64^3
-  (the block a user of those tools picks; blockpred's start block), the same
-  halo per side, the zarr array read lazily, a zarr array written with
-  blockpred's output chunks and codec;
-* ``MONAI sliding_window_inference`` in-process with its defaults (overlap
-  0.25, blend ``constant``), ``roi_size`` = block + 2 x halo, ``sw_batch_size``
-  1, timed from reading the zarr volume into memory to the result in memory
-  (it needs the whole volume and the whole output there; nothing is written).
+* the peers, each timed two ways (their code: ``bench/peers.py``):
 
-The peers are timed in this process after an untimed warm-up forward pass,
-so they pay no import, no interpreter start and no model load: blockpred's
-times include all of these.  Every tool sees the same input values (uint8 ->
-float32 x 1/255, blockpred's ``auto`` normalisation).  Rounds alternate the
-tools; the table shows medians (seconds of wall time) and each tool's time
-against blockpred's (cached and first run).  Max |diff| against blockpred over
+  - **in-process**, on the network object built once, after an untimed
+    warm-up forward pass: the peer's steady state, paying no interpreter
+    start, no import and no model load (blockpred's times include all of these);
+  - **as a script** (``python bench/peers.py PEER NETWORK ...``, a subprocess,
+    timed from start to exit as ``blockpred run`` is): what a user of the peer
+    runs: imports torch and the peer, builds or loads the network, reads,
+    predicts, writes a zarr array with blockpred's output chunks and codecs.
+    ``--no-scripts`` leaves this out;
+
+  ``torch-em predict_with_halo_pipelined`` (and ``predict_with_halo`` with
+  ``--all-peers``): block 64^3 (the block a user of those tools picks), the
+  same halo per side, the zarr array read lazily, the output written to zarr.
+  ``MONAI sliding_window_inference`` with its defaults (overlap 0.25, blend
+  ``constant``), ``roi_size`` = block + 2 x halo, ``sw_batch_size`` 1, timed
+  from reading the zarr volume into memory to the result in memory (it needs
+  the whole volume and the whole output there); as a script it then writes
+  the result.
+
+Every tool sees the same input values (uint8 -> float32 x 1/255, blockpred's
+``auto`` normalisation).  Rounds alternate the tools; the table shows medians
+(seconds of wall time) and the best peer's time against blockpred's (cached
+and first run), in-process and as scripts.  Max |diff| against blockpred over
 the interior (the halo away from every face): blockpred's chosen block
 differs from the peers' 64^3, so outputs agree to float rounding where the halo
 covers the network's receptive field (``tiny``) and differ near block edges
@@ -40,32 +48,18 @@ Sizes: ``--sizes 64,256,256x3,128,704,704x1`` = 64x256x256 (4.2 Mvox) in 3
 rounds and 128x704x704 (63 Mvox) in 1.
 
 Peers' installs: ``pip install -e ".[peers]"`` (monai; 1.6.x needs only torch>=2.8 and numpy);
-``pip install --no-deps torch-em bioimage-cpp`` (see below).
+``pip install --no-deps torch-em bioimage-cpp`` (why: ``bench/peers.py``).
 
-torch-em import (torch-em 0.10.x): ``torch_em.util.prediction`` needs only
-numpy, torch, tqdm, ``bioimage_cpp`` for its blocking, and
-``torch_em.transform.raw`` for the default ``standardize`` preprocessing.  Its
-declared dependencies include torchvision, and the only torchvision on the
-registry (0.29.x) pulls torch 2.15 with CUDA, replacing this venv's torch
-2.13.0+cpu.  The package ``__init__`` files of ``torch_em``, ``torch_em.util``
-and ``torch_em.transform`` import trainers, datasets, augmentations, kornia,
-elf, imageio, matplotlib, tensorboard and torchvision, none of which
-prediction uses.  So :func:`import_torch_em_prediction` registers those three
-packages in ``sys.modules`` as empty package modules whose ``__path__`` is the
-installed directory (their ``__init__`` never runs; their submodules load from
-the real files), and, only when torchvision is not installed, a
-``torchvision`` stub whose ``transforms`` attribute raises on any use.  The
-stubs live in this process only.
+torch-em is imported without its package ``__init__`` files: ``bench/peers.py``.
 
     python bench/compare_peers.py [--networks tiny,unet12] [--sizes 64,256,256x3,128,704,704x1]
-                                  [--all-peers] [--dir /tmp/blockpred-peers] [--json F]
+                                  [--all-peers] [--no-scripts] [--dir /tmp/blockpred-peers] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -75,74 +69,19 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from blockpred.demo import make_em_volume
 from blockpred.io import create_volume
-from blockpred.models import build_preset
-from blockpred.models.unet import UNet3d
+from peers import create_output, import_torch_em_prediction, make_network, run_monai, run_torch_em, window
 
-SCALE = np.float32(1.0 / 255.0)
-PEER_BLOCK = (64, 64, 64)
-
-
-def normalise(block: Any) -> np.ndarray:
-    """uint8 -> float32 in [0, 1]: the same operations as blockpred's ``auto`` normalisation."""
-    out = np.asarray(block).astype(np.float32)
-    out *= SCALE
-    return out
-
-
-# --------------------------------------------------------------------------- torch-em import
-
-
-class _Unavailable(types.ModuleType):
-    """A stub module: any attribute use raises, naming why the stub is there."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise ImportError(
-            f"{self.__name__}.{name}: {self.__name__} is a stub from bench/compare_peers.py "
-            "(torchvision is not installed; torch-em's prediction does not use it)"
-        )
-
-
-def import_torch_em_prediction() -> tuple[types.ModuleType, list[str]]:
-    """``torch_em.util.prediction`` without running torch-em's package ``__init__`` files.
-
-    Returns the module and a list of what was stubbed (see the module docstring).
-    """
-    spec = importlib.util.find_spec("torch_em")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("torch-em is not installed: pip install --no-deps torch-em bioimage-cpp")
-    root = Path(list(spec.submodule_search_locations)[0])
-    stubbed = []
-    for name, directory in (("torch_em", root), ("torch_em.util", root / "util"),
-                            ("torch_em.transform", root / "transform")):
-        if name in sys.modules:
-            continue
-        package = types.ModuleType(name, f"{name} without its __init__ (bench/compare_peers.py)")
-        package.__path__ = [str(directory)]
-        package.__package__ = name
-        package.__file__ = None
-        sys.modules[name] = package
-        stubbed.append(f"{name} (package __init__ skipped)")
-    if importlib.util.find_spec("torchvision") is None and "torchvision" not in sys.modules:
-        torchvision = _Unavailable("torchvision")
-        transforms = _Unavailable("torchvision.transforms")
-        torchvision.__dict__["transforms"] = transforms
-        sys.modules["torchvision"] = torchvision
-        sys.modules["torchvision.transforms"] = transforms
-        stubbed.append("torchvision, torchvision.transforms (raising stubs)")
-    import torch_em.util.prediction as prediction
-
-    return prediction, stubbed
+#: The peers' labels and the names ``bench/peers.py`` runs them by as scripts.
+PEER_NAMES = {"torch-em predict_with_halo": "torch-em-halo",
+              "torch-em predict_with_halo_pipelined": "torch-em-pipelined",
+              "MONAI sliding_window_inference": "monai"}
 
 
 def version(dist: str) -> str:
@@ -150,23 +89,6 @@ def version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-# --------------------------------------------------------------------------- networks and volumes
-
-
-def make_network(name: str, root: Path) -> tuple[torch.nn.Module, list[str], tuple[int, int, int]]:
-    """The module the peers run, blockpred's model options for the same weights, and the halo."""
-    if name == "tiny":
-        return build_preset("tiny"), ["--model", "tiny"], (10, 10, 10)
-    if name == "unet12":
-        path = root / "unet12.pt"
-        if not path.exists():
-            torch.manual_seed(0)
-            net = UNet3d(in_channels=1, out_channels=2, depth=3, initial_features=12).eval()
-            torch.jit.script(net).save(str(path))
-        return torch.jit.load(str(path)).eval(), ["--model", str(path), "--halo", "16,16,16"], (16, 16, 16)
-    raise SystemExit(f"unknown network {name!r}: use tiny or unet12")
 
 
 def make_volume(root: Path, shape: tuple[int, ...]) -> str:
@@ -216,12 +138,27 @@ def read_output(path: str) -> np.ndarray:
     return np.asarray(array[...])
 
 
+def run_script(peer: str, network: str, source: str, output: str, like: str, root: Path,
+               threads: int) -> float:
+    """``bench/peers.py`` as the user of a peer runs it, a subprocess: wall seconds from start to exit."""
+    command = [sys.executable, str(Path(__file__).with_name("peers.py")), peer, network, source, output,
+               "--like", like, "--dir", str(root), "--threads", str(threads)]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
+    return wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--networks", default="tiny,unet12")
     parser.add_argument("--sizes", default="64,256,256x3,128,704,704x1",
                         help="volume shapes and their rounds, Z,Y,XxROUNDS (default 64,256,256x3,128,704,704x1)")
     parser.add_argument("--all-peers", action="store_true", help="also torch-em predict_with_halo (not pipelined)")
+    parser.add_argument("--no-scripts", action="store_true",
+                        help="time the peers in-process only, not also as scripts (bench/peers.py)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the peers (default 2)")
     parser.add_argument("--dir", default="/tmp/blockpred-peers")
     parser.add_argument("--json", default=None, help="write the results here too")
@@ -234,8 +171,9 @@ def main() -> None:
           f"torch threads {torch.get_num_threads()}; monai {version('monai')}, torch-em {version('torch-em')}, "
           f"blockpred {version('blockpred')}", flush=True)
     prediction, stubbed = import_torch_em_prediction()
-    from monai.inferers import sliding_window_inference
-    import zarr
+    functions = {"torch-em-halo": prediction.predict_with_halo,
+                 "torch-em-pipelined": prediction.predict_with_halo_pipelined}
+    labels = [label for label, peer in PEER_NAMES.items() if args.all_peers or peer != "torch-em-halo"]
 
     report = []
     for shape, rounds in parse_sizes(args.sizes):
@@ -243,43 +181,22 @@ def main() -> None:
         mvox = float(np.prod(shape)) / 1e6
         for name in args.networks.split(","):
             net, model_args, halo = make_network(name, root)
-            window = tuple(b + 2 * h for b, h in zip(PEER_BLOCK, halo))
             with torch.no_grad():
-                net(torch.zeros((1, 1) + window))  # the peers' warm-up: kernels created, untimed
+                net(torch.zeros((1, 1) + window(halo)))  # the in-process peers' warm-up: kernels created, untimed
             tag = f"{name}-{'x'.join(map(str, shape))}"
             cache = root / f"cache-{tag}"
             shutil.rmtree(cache, ignore_errors=True)
             bp_out = str(root / f"{tag}-blockpred.zarr")
 
-            def torch_em(function: Callable, key: str) -> tuple[float, np.ndarray | None]:
-                reference = zarr.open_array(str(Path(bp_out) / "0"), mode="r") if (Path(bp_out) / "0").exists() \
-                    else zarr.open_array(bp_out, mode="r")
-                out = zarr.create_array(store=str(root / f"{tag}-{key}.zarr"), shape=(2,) + shape, dtype="float32",
-                                        chunks=reference.chunks, compressors=reference.compressors, fill_value=0.0,
-                                        overwrite=True)
-                start = time.perf_counter()
-                function(zarr.open_array(source, mode="r"), net, gpu_ids=["cpu"], block_shape=PEER_BLOCK, halo=halo,
-                         output=out, preprocess=normalise, disable_tqdm=True)
-                return time.perf_counter() - start, None
-
-            def monai() -> tuple[float, np.ndarray]:
-                start = time.perf_counter()
-                tensor = torch.from_numpy(normalise(zarr.open_array(source, mode="r")[...]))[None, None]
-                with torch.no_grad():
-                    result = sliding_window_inference(tensor, roi_size=window, sw_batch_size=1, predictor=net,
-                                                      overlap=0.25, mode="constant")
-                return time.perf_counter() - start, result[0].numpy()
+            def in_process(peer: str) -> tuple[float, np.ndarray | None]:
+                if peer == "monai":
+                    return run_monai(source, net, halo)
+                output = create_output(str(root / f"{tag}-{peer}.zarr"), (2,) + shape, bp_out)
+                return run_torch_em(functions[peer], source, net, halo, output), None
 
             first = run_blockpred(source, bp_out, model_args, cache)
             print(f"{tag}: blockpred first run (empty cache) {first[0]:.2f} s wall, pipeline {first[1]:.2f} s; "
                   f"{first[2]}", flush=True)
-            peers: list[tuple[str, Callable[[], tuple[float, Any]]]] = [
-                ("torch-em predict_with_halo_pipelined",
-                 lambda: torch_em(prediction.predict_with_halo_pipelined, "torch-em-pipelined")),
-                ("MONAI sliding_window_inference", monai)]
-            if args.all_peers:
-                peers.insert(0, ("torch-em predict_with_halo", lambda: torch_em(prediction.predict_with_halo,
-                                                                                 "torch-em-halo")))
             times: dict[str, list[float]] = {}
             pipelines, chosen, outputs = [], first[2], {}
             for round_ in range(rounds):
@@ -288,50 +205,74 @@ def main() -> None:
                 pipelines.append(pipeline)
                 print(f"{tag} round {round_ + 1}/{rounds}: blockpred run {wall:.2f} s (pipeline {pipeline:.2f} s)",
                       flush=True)
-                for label, run in peers:
-                    seconds, result = run()
+                for label in labels:
+                    peer = PEER_NAMES[label]
+                    seconds, result = in_process(peer)
                     times.setdefault(label, []).append(seconds)
                     if round_ == 0:
-                        outputs[label] = result if result is not None else None
+                        outputs[label] = result
                     print(f"{tag} round {round_ + 1}/{rounds}: {label} {seconds:.2f} s", flush=True)
+                    if not args.no_scripts:
+                        seconds = run_script(peer, name, source, str(root / f"{tag}-{peer}-script.zarr"), bp_out,
+                                             root, args.threads)
+                        times.setdefault(f"{label} (script)", []).append(seconds)
+                        print(f"{tag} round {round_ + 1}/{rounds}: {label} as a script {seconds:.2f} s", flush=True)
             reference = read_output(bp_out)
             margin = max(halo)
             interior = (slice(None),) + tuple(slice(margin, n - margin) for n in shape)
             diffs = {}
-            for label, _ in peers:
+            for label in labels:
                 other = outputs.get(label)
                 if other is None:
-                    key = "torch-em-pipelined" if "pipelined" in label else "torch-em-halo"
-                    other = read_output(str(root / f"{tag}-{key}.zarr"))
+                    other = read_output(str(root / f"{tag}-{PEER_NAMES[label]}.zarr"))
                 inner = np.abs(other[interior].astype(np.float64) - reference[interior])
                 diffs[label] = float(inner.max()) if inner.size else float("nan")
+                if not args.no_scripts:
+                    script = read_output(str(root / f"{tag}-{PEER_NAMES[label]}-script.zarr"))
+                    inner = np.abs(script[interior].astype(np.float64) - reference[interior])
+                    diffs[f"{label} (script)"] = float(inner.max()) if inner.size else float("nan")
             medians = {label: statistics.median(t) for label, t in times.items()}
-            best_peer = min((label for label in medians if not label.startswith("blockpred")), key=medians.get)
+            cached = medians["blockpred run (cached)"]
+            best_peer = min(labels, key=medians.get)
             row = {
                 "network": name, "shape": list(shape), "mvox": mvox, "halo": list(halo), "rounds": rounds,
                 "chosen": chosen.removeprefix("chosen: "), "first_run_s": first[0], "first_pipeline_s": first[1],
-                "chosen_first": first[2].removeprefix("chosen: "), "cached_run_s": medians["blockpred run (cached)"],
+                "chosen_first": first[2].removeprefix("chosen: "), "cached_run_s": cached,
                 "cached_pipeline_s": statistics.median(pipelines), "peers_s": {k: v for k, v in medians.items()
                                                                                if not k.startswith("blockpred")},
-                "best_peer": best_peer, "speedup_cached": medians[best_peer] / medians["blockpred run (cached)"],
+                "best_peer": best_peer, "speedup_cached": medians[best_peer] / cached,
                 "speedup_first": medians[best_peer] / first[0], "max_abs_diff_interior": diffs, "runs": times,
             }
+            if not args.no_scripts:
+                best_script = min((f"{label} (script)" for label in labels), key=medians.get)
+                row.update(best_script=best_script, script_speedup_cached=medians[best_script] / cached,
+                           script_speedup_first=medians[best_script] / first[0])
             report.append(row)
-            print(f"{tag}: best peer {best_peer} {medians[best_peer]:.2f} s; blockpred cached "
-                  f"{row['cached_run_s']:.2f} s ({row['speedup_cached']:.2f}x), first run {first[0]:.2f} s "
+            print(f"{tag}: best peer in-process {best_peer} {medians[best_peer]:.2f} s; blockpred cached "
+                  f"{cached:.2f} s ({row['speedup_cached']:.2f}x), first run {first[0]:.2f} s "
                   f"({row['speedup_first']:.2f}x); chosen {row['chosen']}", flush=True)
+            if not args.no_scripts:
+                print(f"{tag}: best peer as a script {row['best_script']} {medians[row['best_script']]:.2f} s: "
+                      f"blockpred cached {row['script_speedup_cached']:.2f}x, first run "
+                      f"{row['script_speedup_first']:.2f}x", flush=True)
 
     print()
-    print("| network | volume | blockpred run, cached | first run (empty cache) | "
-          "torch-em pipelined | MONAI | best peer / blockpred cached (first) | blockpred chose |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| network | volume | blockpred run, cached | first run (empty cache) | torch-em pipelined: in-process "
+          "(script) | MONAI: in-process (script) | best peer in-process / blockpred cached (first) | "
+          "best peer as a script / blockpred cached (first) | blockpred chose |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    nan = float("nan")
     for r in report:
         peers = r["peers_s"]
+        cells = []
+        for label in ("torch-em predict_with_halo_pipelined", "MONAI sliding_window_inference"):
+            cells.append(f"{peers.get(label, nan):.2f} s ({peers.get(label + ' (script)', nan):.2f} s)")
+        scripts = (f"**{r['script_speedup_cached']:.2f}x** ({r['script_speedup_first']:.2f}x)"
+                   if "best_script" in r else "not run")
         print(f"| {r['network']} | {'x'.join(map(str, r['shape']))} ({r['mvox']:.1f} Mvox) | "
               f"{r['cached_run_s']:.2f} s (pipeline {r['cached_pipeline_s']:.2f}) | {r['first_run_s']:.2f} s | "
-              f"{peers.get('torch-em predict_with_halo_pipelined', float('nan')):.2f} s | "
-              f"{peers.get('MONAI sliding_window_inference', float('nan')):.2f} s | "
-              f"**{r['speedup_cached']:.2f}x** ({r['speedup_first']:.2f}x) | {r['chosen']} |")
+              f"{cells[0]} | {cells[1]} | **{r['speedup_cached']:.2f}x** ({r['speedup_first']:.2f}x) | {scripts} | "
+              f"{r['chosen']} |")
     for r in report:
         diffs = ", ".join(f"{k} {v:.1e}" for k, v in r["max_abs_diff_interior"].items())
         print(f"  {r['network']} {'x'.join(map(str, r['shape']))}: max |diff| to blockpred in the interior: {diffs}")

@@ -23,6 +23,14 @@ zeros: kernels can run faster on zeros than on real data): one warm-up pass
 (cuDNN picks its kernels), then timed passes with one in flight.  The choice
 trials are cached per model, device, precision and constraints (see
 :class:`SizeCache`), so only the first run on a machine pays for them.
+
+A measurement taken while other work loaded the machine must not decide
+every later run: the measured defaults' cached choice is timed again (the
+winner and the runner-up, :func:`recheck`, as far as the run's measuring
+budget allows) by the next run that measures, and by up to
+:data:`MAX_CHECKS` runs while the winner leads by less than
+:data:`THIN_MARGIN`.  Each configuration keeps its fastest timing (load only
+ever slows a pass down).
 """
 
 from __future__ import annotations
@@ -37,11 +45,11 @@ import numpy as np
 from .errors import InvalidOptionError
 from .geometry import Coord
 from .pipeline import Predictor, is_out_of_memory
-from .sizecache import SizeCache, cache_key, device_key
+from .sizecache import CachedSizes, SizeCache, cache_key, device_key
 from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block
 
 __all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key", "model_key", "pick",
-           "probe_block", "search", "trial_runner"]
+           "probe_block", "recheck", "recheck_due", "search", "trial_runner"]
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +269,63 @@ def _index_of_base(candidates: list[Coord], base: Coord) -> int:
 
 
 
+#: Runs that measure a cached quick search, the first included, before it is taken as it is ...
+CONFIRMING_CHECKS = 2
+#: ... and while its winner leads the runner-up by less than THIN_MARGIN, up to MAX_CHECKS.
+THIN_MARGIN, MAX_CHECKS = 1.1, 4
+
+
+def contenders(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...]) -> tuple[Trial, ...]:
+    """The fastest fitting trial and the runner-up, by Mvox/s over the region."""
+    return tuple(sorted((t for t in trials if t.fits), key=problem.roi_mvox_per_s, reverse=True)[:2])
+
+
+def recheck_due(problem: SizeProblem, cached: CachedSizes) -> bool:
+    """Whether a complete cached search is to be timed again (see the module docstring)."""
+    top = contenders(problem, cached.trials)
+    if not cached.complete or len(top) < 2:
+        return False
+    if cached.checks < CONFIRMING_CHECKS:
+        return True
+    return cached.checks < MAX_CHECKS and problem.roi_mvox_per_s(top[0]) < THIN_MARGIN * problem.roi_mvox_per_s(top[1])
+
+
+def merge_trials(old: list[Trial] | tuple[Trial, ...], new: list[Trial] | tuple[Trial, ...]) -> list[Trial]:
+    """Trials by (block, batch): of two timings of one configuration the faster; a new outcome where either
+    did not fit (the device's free memory may have changed)."""
+    merged = {(t.block, t.batch_size): t for t in old}
+    for trial in new:
+        prior = merged.get((trial.block, trial.batch_size))
+        if prior is None or not (prior.fits and trial.fits) or trial.seconds_per_pass < prior.seconds_per_pass:
+            merged[(trial.block, trial.batch_size)] = trial
+    return list(merged.values())
+
+
+def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: CachedSizes, *, max_total_s: float,
+            known: tuple[Trial, ...] = ()) -> tuple[list[Trial], bool]:
+    """The cached trials with their winner and runner-up timed again by ``run`` (those not in ``known``,
+    which the caller just timed), each merged with its earlier timing (:func:`merge_trials`).
+
+    No trial starts that is foreseen to end after ``max_total_s``: a warm-up and a timed pass, scaled by
+    input voxels from the last pass timed now (the cached timing when none is: it may be the busy one).
+    Returns the trials and whether every contender was timed.
+    """
+    started, timings = time.perf_counter(), list(known)
+    work = lambda t: problem.input_shape(t.block).prod() * t.batch_size  # noqa: E731
+    finished = True
+    for trial in contenders(problem, cached.trials):
+        if any((t.block, t.batch_size) == (trial.block, trial.batch_size) for t in known):
+            continue
+        base = next((t for t in reversed(timings) if t.fits), trial)
+        if time.perf_counter() - started + 2 * base.seconds_per_pass * work(trial) / work(base) > max_total_s:
+            finished = False
+            break
+        timings.append(run(trial.block, trial.batch_size))
+        logger.info("re-checked block %s batch %d: %s", "x".join(map(str, trial.block)), trial.batch_size,
+                    timings[-1])
+    return merge_trials(cached.trials, timings), finished
+
+
 def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
                  budget_bytes: int | None = None, quick_s: float | None = None,
                  cached_only: bool = False, known: tuple[Trial, ...] = ()) -> SizeChoice | None:
@@ -271,7 +336,8 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     that its time cut short is cached as such, and the next run that may
     measure goes on where it stopped (its trials are not run again), so a
     short first run pays little and the runs after it converge on the whole
-    quick search.
+    quick search.  A complete one is timed again while :func:`recheck_due`
+    (its choice then says ``complete=False`` to a ``cached_only`` caller).
     ``cached_only``: the cache alone; None when nothing is cached.
     ``known``: trials the caller already timed (see :func:`search`).
     """
@@ -281,13 +347,21 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     # A block chosen untimed pays off on a GPU.  On a CPU its first passes fault in memory the timed blocks
     # already hold (tiny at 4 Mvox: 64x128x128 untimed ran its device steps in 1.84 s, 64^3 timed in 1.31 s).
     untimed = predictor.device.type != "cpu"
-    if found is not None and (found[1] or cached_only):
-        trials, complete = found
-        return replace(pick(problem, trials, cached=True, extrapolate=quick_s is not None and untimed),
-                       complete=complete)
+    extrapolate = quick_s is not None and untimed
+    due = quick_s is not None and found is not None and recheck_due(problem, found)
+    if found is not None and (cached_only or (found.complete and not due)):
+        return replace(pick(problem, found.trials, cached=True, extrapolate=extrapolate),
+                       complete=found.complete and not due)
     if cached_only:
         return None
-    known = (tuple(found[0]) if found is not None else ()) + tuple(known)  # a search cut short goes on
+    if due:
+        run = trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True)
+        trials, _ = recheck(problem, run, found, max_total_s=quick_s, known=tuple(known))
+        predictor.release_memory()
+        # A check counts where its time ended first too: no run after it pays again for a check it cannot afford.
+        cache.put(key, problem, trials, complete=True, checks=found.checks + 1)
+        return pick(problem, trials, extrapolate=extrapolate)
+    known = (tuple(found.trials) if found is not None else ()) + tuple(known)  # a search cut short goes on
     if quick_s is None:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes), known=known)
     else:
@@ -296,7 +370,6 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     predictor.release_memory()
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice
-
 
 
 def _finish(pending) -> None:

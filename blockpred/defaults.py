@@ -12,15 +12,16 @@ at all (the start block, batch 1, contiguous: there is little to gain), and
 a longer one may spend :data:`BUDGET_FRACTION` of its estimate, at most
 :data:`MAX_BUDGET_S`: a first run, which is often a user's only run, never
 pays more than a quarter of its time for the runs after it, which pay
-nothing.  Where the budget ends before a larger block is timed, the next
+nothing.  On a GPU, where the budget ends before a larger block is timed, the next
 larger one is chosen when the halo it saves makes it faster by the largest
 timed pass scaled by voxels (:func:`blockpred.autosize.pick`).  The memory
 format is measured first, at the start block: the estimate's pass is
 contiguous's, so channels_last takes a warm-up and a timed pass, and only
 when those fit the budget; the faster layout's pass is the first size trial,
 and the sizes search the rest of the budget (the search starts no trial it
-foresees ending past it).  A named option is never measured or
-changed.  Different layouts, batches and blocks give the same values up to
+foresees ending past it).  A cached search is timed again where one
+measurement may have met a busy machine (:func:`blockpred.autosize.recheck`).
+A named option is never measured or changed.  Different layouts, batches and blocks give the same values up to
 float rounding (and, for blocks, up to what the halo covers).
 """
 

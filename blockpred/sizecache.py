@@ -9,7 +9,7 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -20,6 +20,14 @@ from .sizing import SizeProblem, Trial
 
 #: Bumped when the cached entries change meaning.
 CACHE_VERSION = 1
+
+
+class CachedSizes(NamedTuple):
+    """One cached search: its trials, whether it was complete (not cut short), and how many runs measured it."""
+
+    trials: list[Trial]
+    complete: bool
+    checks: int
 
 
 class SizeCache:
@@ -40,10 +48,10 @@ class SizeCache:
     def get(self, key: dict, problem: SizeProblem) -> list[Trial] | None:
         """The cached trials that serve ``problem`` (see :meth:`get_entry`)."""
         found = self.get_entry(key, problem)
-        return None if found is None else found[0]
+        return None if found is None else found.trials
 
-    def get_entry(self, key: dict, problem: SizeProblem) -> tuple[list[Trial], bool] | None:
-        """The cached trials that serve ``problem``, and whether their search was complete (not cut short)."""
+    def get_entry(self, key: dict, problem: SizeProblem) -> CachedSizes | None:
+        """The cached search that serves ``problem``."""
         for entry in self._entries().get(_digest(key), []):
             try:
                 trials = [Trial(Coord(t["block"]), int(t["batch_size"]), str(t["outcome"]),
@@ -53,15 +61,16 @@ class SizeCache:
             except (KeyError, TypeError, ValueError):
                 continue
             if (same_cap or covered) and any(t.fits for t in trials):
-                return trials, bool(entry.get("complete", True))
+                return CachedSizes(trials, bool(entry.get("complete", True)), int(entry.get("checks", 1)))
         return None
 
     def put(self, key: dict, problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...],
-            complete: bool = True) -> None:
+            complete: bool = True, checks: int = 1) -> None:
+        """Cache a search's ``trials``; ``checks``: how many runs have measured them (see :func:`autosize.recheck`)."""
         entries = self._entries()
         capped = any(b == m for t in trials for b, m in zip(t.block, problem.max_block))
         entry = {"max_block": list(problem.max_block), "capped": capped, "key": key, "complete": complete,
-                 "trials": [_trial_json(t) for t in trials]}
+                 "checks": checks, "trials": [_trial_json(t) for t in trials]}
         entries[_digest(key)] = [entry] + [e for e in entries.get(_digest(key), [])
                                            if e.get("max_block") != entry["max_block"]][:7]
         self._file.write(entries, "the block size trials")

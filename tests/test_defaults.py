@@ -7,17 +7,19 @@ whether a run measured (trial passes on random data) or not.
 """
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import yaml
 
 import blockpred
-from blockpred.autosize import SizeProblem, Trial, pick, search
+from blockpred.autosize import MAX_CHECKS, SizeProblem, Trial, pick, recheck, recheck_due, search
 from blockpred.cli import main
 from blockpred.defaults import MAX_BUDGET_S, MIN_RUN_S, measuring_budget
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
+from blockpred.sizecache import CachedSizes
 from tests.helpers import write_test_volume
 
 DELAY_S = 0.1  # x 32 blocks of 16^3: a run estimated at over 3 s, over the measuring threshold
@@ -44,12 +46,12 @@ def _logged(tmp_path, name: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_runs_of_one_network_measure_on_where_the_last_stopped_and_once_the_search_is_done_measure_nothing(
+def test_runs_of_one_network_measure_on_where_the_last_stopped_check_again_and_then_measure_nothing(
         tmp_path, source):
     # The same model (its kwargs, log path included, are part of what the cache tells apart).  Each run may
     # measure for a quarter of its estimate (32 blocks x 0.1 s: 0.8 s), less than the whole quick search.
     runs, seen = [], 0
-    for k in range(8):
+    for k in range(12):
         summary = blockpred.predict(source, str(tmp_path / f"out{k}.zarr"), **_slow(tmp_path, "run.log"))
         logged = _logged(tmp_path, "run.log")
         runs.append((summary, logged[seen:]))
@@ -65,7 +67,7 @@ def test_runs_of_one_network_measure_on_where_the_last_stopped_and_once_the_sear
     assert first.defaults.memory_format in ("contiguous", "channels_last")
     assert len(seen_by_first) > first.stats.num_blocks  # the trials ran the network on random data
     assert all(run.defaults.how == "measured" for run, _ in runs[:-1])  # each went on with the search ...
-    assert last.defaults.how == "cached" and last.defaults.measured_s == 0  # ... until it was done
+    assert last.defaults.how == "cached" and last.defaults.measured_s == 0  # ... until it was done and checked
     assert (last.defaults.block, last.defaults.batch_size, last.defaults.memory_format) == (
         before_last.defaults.block, before_last.defaults.batch_size, before_last.defaults.memory_format)
     assert len(seen_by_last) == len(set(seen_by_last)) == last.stats.num_blocks  # the blocks, nothing else
@@ -73,6 +75,83 @@ def test_runs_of_one_network_measure_on_where_the_last_stopped_and_once_the_sear
     assert str(last).splitlines()[0].startswith("chosen: block ") and "(cached)" in str(last)
     plan = blockpred.plan(source, str(tmp_path / "c.zarr"), **_slow(tmp_path, "run.log"))
     assert plan.defaults.endswith("(cached)") and plan.plan.block_shape == last.defaults.block  # plan says the same
+
+
+
+def _quick_entry(cache_file) -> tuple[dict, dict]:
+    """The cache file's entries and its one entry of the measured defaults' quick search."""
+    entries = json.loads(cache_file.read_text())
+    (entry,) = [e for group in entries.values() for e in group if e["key"].get("search") == "quick"]
+    return entries, entry
+
+
+@pytest.mark.slow
+def test_a_choice_timed_on_a_busy_machine_is_timed_again_by_the_next_run_and_corrected(tmp_path):
+    """The cache as a busy machine leaves it: batch 2 timed 2.2 times as slow as batch 1 a pass (per voxel
+    slower), where this network (a sleep a pass) runs batch 2 almost as fast.  The next run that measures times
+    the winner and the runner-up again and takes batch 2; the run after it measures nothing."""
+    data = np.random.default_rng(4).integers(0, 255, (32, 64, 128), dtype=np.uint8)  # 64 blocks of 16^3
+    source = write_test_volume(str(tmp_path / "in.zarr"), data)
+    # 0.02 s a pass and the compute: 64 passes estimated at 2 s or more, a measuring budget of 0.5 s or more.
+    slow = _slow(tmp_path, "run.log", delay_s=0.02) | {"block": 16, "memory_format": "contiguous"}  # batch open
+    first = blockpred.predict(source, str(tmp_path / "first.zarr"), **slow)
+    assert first.defaults.how == "measured"
+    cache_file = tmp_path / "blockpred-cache" / "sizes.json"
+    entries, entry = _quick_entry(cache_file)
+    (one,) = [t for t in entry["trials"] if t["block"] == [16, 16, 16] and t["batch_size"] == 1 and
+              t["outcome"] == "ok"]
+    busy = dict(one, batch_size=2, seconds_per_pass=2.2 * one["seconds_per_pass"],
+                mvox_per_s=one["mvox_per_s"] * 2 / 2.2)
+    entry.update(trials=[one, busy], complete=True, checks=1)
+    cache_file.write_text(json.dumps(entries))
+    assert blockpred.plan(source, str(tmp_path / "p.zarr"), **slow).batch_size == 1  # what the cache says
+
+    again = blockpred.predict(source, str(tmp_path / "again.zarr"), **slow)
+    assert again.defaults.how == "measured" and again.defaults.batch_size == 2, str(again.defaults)
+    _, entry = _quick_entry(cache_file)
+    assert entry["checks"] == 2 and entry["complete"]
+    timed = {t["batch_size"]: t["seconds_per_pass"] for t in entry["trials"]}
+    assert timed[2] < busy["seconds_per_pass"] and timed[1] <= one["seconds_per_pass"]  # the faster timing kept
+    last = blockpred.predict(source, str(tmp_path / "last.zarr"), **slow)
+    assert last.defaults.how == "cached" and last.defaults.batch_size == 2
+
+
+def test_a_cached_choice_is_timed_again_once_and_while_its_lead_is_thin(monkeypatch):
+    import types
+
+    import blockpred.autosize as autosize
+
+    problem = _quick_problem()
+    clock, tried = [0.0], []
+    monkeypatch.setattr(autosize, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    quiet = {16: 1e-6, 32: 0.5e-6, 64: 0.45e-6}  # seconds per input voxel on a quiet machine: 64^3 wins
+
+    def run(block: Coord, batch: int) -> Trial:
+        tried.append(block[0])
+        trial = _timed(block[0], quiet[block[0]])
+        clock[0] += 2 * trial.seconds_per_pass
+        return trial
+
+    busy = [_timed(16, 1e-6), _timed(32, 0.5e-6), _timed(64, 0.9e-6)]  # 64^3 timed while the machine was busy
+    once = CachedSizes(busy, complete=True, checks=1)
+    assert pick(problem, busy).block == Coord((32, 32, 32))
+    assert recheck_due(problem, once)  # every cached search is measured by a second run
+    trials, finished = recheck(problem, run, once, max_total_s=10.0)
+    assert finished and sorted(tried) == [32, 64]  # the winner and the runner-up, nothing else
+    assert pick(problem, trials).block == Coord((64, 64, 64))  # each configuration keeps its fastest timing
+    assert {t.block[0]: t.seconds_per_pass for t in trials}[64] == _timed(64, 0.45e-6).seconds_per_pass
+
+    lead = pick(problem, trials).mvox_per_s / problem.roi_mvox_per_s(trials[1])  # 64^3 over 32^3
+    assert lead > 1.1 and not recheck_due(problem, CachedSizes(trials, True, 2))  # a clear lead: done
+    close = [_timed(16, 1e-6), _timed(32, 0.5e-6), _timed(64, 0.65e-6)]  # 64^3 ahead by 5%
+    assert recheck_due(problem, CachedSizes(close, True, 2)) and not recheck_due(problem, CachedSizes(close, True,
+                                                                                                      MAX_CHECKS))
+    assert not recheck_due(problem, CachedSizes(close, False, 1))  # a search cut short goes on instead
+
+    tried.clear()
+    # 32^3 foreseen from its cached pass (0.06 s); then 64^3 from that fresh 32^3 pass by voxels (0.37 s more).
+    trials, finished = recheck(problem, run, once, max_total_s=0.3)
+    assert tried == [32] and not finished  # the next run that may measure times it again
 
 
 def test_a_search_cut_short_goes_on_from_its_trials_and_is_done_when_time_allows_no_new_one(monkeypatch):
