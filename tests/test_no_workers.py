@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,19 @@ class Scheduler:
                                             "127.0.0.1", "--port", port, "--no-dashboard"], cwd=folder,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
 
+    def wait_listening(self, timeout_s: float = 120) -> None:
+        """Until the scheduler accepts connections on its port (it imports dask first: a second or more)."""
+        host, port = self.address.rsplit("/", 1)[1].rsplit(":", 1)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1):
+                    return
+            except OSError:
+                assert self.processes[0].poll() is None, "the scheduler ended"
+                assert time.monotonic() < deadline, f"the scheduler not listening after {timeout_s} s"
+                time.sleep(0.05)
+
     def add_worker(self, folder: Path) -> None:
         self.processes.append(subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", self.address, "--nthreads", "2", "--host",
@@ -66,7 +80,7 @@ def _settled(*flags: str) -> list[str]:
 def test_a_scheduler_without_workers_ends_the_run_after_the_timeout_in_one_line(tmp_path, source):
     scheduler = Scheduler(tmp_path)
     try:
-        time.sleep(1.0)  # the scheduler listening (the client would retry its connection anyway)
+        scheduler.wait_listening()
         run = _blockpred("run", source, str(tmp_path / "out.zarr"), "--scheduler", scheduler.address,
                          "--device", "cpu", *_settled("--no-worker-timeout", "1"), cwd=tmp_path, env=child_env())
         _, err = run.communicate(timeout=120)
@@ -86,15 +100,16 @@ def test_a_scheduler_killed_mid_run_ends_the_run_in_one_line_and_the_rerun_resum
     slow.touch()
     config.write_text(yaml.safe_dump({"model_kwargs": {"log_path": str(log), "delay_s": 0.3,
                                                        "delay_while": str(slow)}}))
+    # Halo 4 (input 24^3, not the tiny network's 36^3): the compute only keeps the run going.
     command = ["run", source, str(tmp_path / "out.zarr"), "--config", str(config), "--model", "tests.networks:logged",
-               *_settled("--no-worker-timeout", "5")]
+               "--halo", "4", *_settled("--no-worker-timeout", "5")]
     scheduler = Scheduler(tmp_path)
     try:
-        time.sleep(1.0)
+        scheduler.wait_listening()
         scheduler.add_worker(tmp_path)
-        # The client gives a lost scheduler its connect timeout to come back: 3 s here (30 s by default).
+        # The client gives a lost scheduler its connect timeout to come back: 2 s here (30 s by default).
         run = _blockpred(*command, "--scheduler", scheduler.address, cwd=tmp_path,
-                         env=dict(child_env(), DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="3s"))
+                         env=dict(child_env(), DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="2s"))
         deadline = time.monotonic() + 120
         while not (log.exists() and len(log.read_text().split()) >= 3):  # 3 of 32 blocks
             assert run.poll() is None and time.monotonic() < deadline, run.stderr.read() if run.poll() else "hung"
