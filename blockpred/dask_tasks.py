@@ -64,6 +64,7 @@ class _WorkerJob:
             if self._stream is not None:
                 self._stream.close(cancel=True)
                 self._stream = None
+            self.job.markers.close()  # a worker outlives runs: no descriptor kept per run
 
 
 class PredictorPlugin(WorkerPlugin):

@@ -274,6 +274,18 @@ class DoneMarkers:
                     raise RunFailedError(text) from err
                 log.warning("%s", text)
 
+    def close(self) -> None:
+        """At the run's end: close this process's logs of these markers and forget what it marked here.
+
+        The marks stay on disk.  A process that runs many runs (a notebook, a worker of a long-lived
+        cluster) would otherwise keep a descriptor open per run and output.  Marking again opens a new log.
+        """
+        with _LOGS_LOCK:
+            names = (self.token + "done", self.token + "skipped")
+            for key in [k for k in _LOGS if k[0] == str(self.path) and k[1] in names and k[2] == os.getpid()]:
+                os.close(_LOGS.pop(key))
+            _MARKED.pop((str(self.path), self.token), None)
+
     def marked_here(self, block: Block) -> bool:
         """True when this process marked ``block`` (a retried task skips what it finished)."""
         marked = _MARKED.get((str(self.path), self.token))

@@ -226,6 +226,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
                 cluster.check()  # a cluster that cannot start (a refused sbatch) fails the run before the output
             lock = owned.enter_context(_take_lock(lock_at, str(target_path)))
             markers = create_output(p, source, owner=lock.token)
+            owned.callback(markers.close)  # before the lock goes: its logs closed in this process
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
                   device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
                   skip_empty=cfg.skip_empty, tta=cfg.tta)

@@ -186,3 +186,27 @@ def test_what_a_process_marked_is_one_bit_per_block_however_many_it_marked(tmp_p
     bits = module._MARKED[(str(markers.path), markers.token)]
     assert bits._bytes.nbytes == 30_000_000 // 8
     assert markers.marked_here(plan.block(Coord((299, 99, 999)))) and not markers.marked_here(plan.block(Coord((1, 1, 1))))
+
+
+@pytest.mark.parametrize("workers", [pytest.param({"local": True}, id="in-process"),
+                                     pytest.param({"workers": 1}, id="one-dask-worker")])
+def test_a_run_in_this_process_leaves_no_descriptor_open_on_its_output(tmp_path, workers):
+    """A notebook or a long-lived worker runs many runs: each run's marker logs are closed at its end."""
+    import os
+
+    source = write_test_volume(str(tmp_path / "in.zarr"), np.zeros((16, 32, 32), dtype=np.uint8) + 7)
+    out = tmp_path / "out.zarr"
+
+    def open_under(root: Path) -> list[str]:
+        fds = Path("/proc/self/fd")
+        targets = [os.path.realpath(fds / fd) for fd in os.listdir(fds)]
+        return [t for t in targets if t.startswith(str(root.resolve()))]
+
+    for k in range(2):  # the second: a resume with its own logs
+        summary = blockpred.predict(source, str(out), model="tiny", block=16, halo=4, batch_size=1,
+                                    memory_format="contiguous", device="cpu", progress=False,
+                                    overwrite=k == 0, **workers)
+        assert summary.stats.num_blocks + summary.num_resumed == 4
+        assert open_under(tmp_path) == [], f"run {k}: still open"
+    logs = list((tmp_path / "out.zarr.blockpred").rglob("*.ids"))
+    assert logs, "the marks were written"
