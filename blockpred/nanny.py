@@ -14,6 +14,9 @@
   starts and kept across fork and exec, and the nanny spawns its worker from
   a thread it starts in its event loop.  The client, interrupted, closes the
   cluster, and the nannies stop their workers.
+* **A worker ends with the process that started it.**  Each worker process
+  also watches its parent itself (:mod:`blockpred.orphan`, dask's preload):
+  a worker of a killed client must not live on.
 
 Imported only where a local cluster with worker processes starts (it
 imports dask.distributed: see :func:`blockpred.cluster.import_distributed`).
@@ -22,12 +25,14 @@ imports dask.distributed: see :func:`blockpred.cluster.import_distributed`).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from multiprocessing import resource_tracker
 
 from .cluster import import_distributed
 from .errors import ClusterError
+from .orphan import PARENT_ENV
 
 import_distributed()
 
@@ -41,7 +46,17 @@ START_ATTEMPTS = 3
 
 
 class SteadyNanny(Nanny):
-    """A dask nanny whose worker process starts with SIGINT blocked, and starts again if it dies while starting."""
+    """A dask nanny whose worker process starts with SIGINT blocked, starts again if it dies while starting, and
+    ends when the process of this nanny does (see the module docstring)."""
+
+    def __init__(self, *args, env: dict | None = None, preload: list[str] | None = None, **kwargs):
+        import dask
+
+        env = {**(env or {}), PARENT_ENV: str(os.getpid())}  # nannies run in the client: the workers' parent
+        if preload is None:
+            preload = dask.config.get("distributed.worker.preload") or []
+        preload = [preload] if isinstance(preload, str) else list(preload)
+        super().__init__(*args, env=env, preload=[*preload, "blockpred.orphan"], **kwargs)
 
     async def instantiate(self) -> Status:
         """Start the worker process: at the nanny's start (status init) and after the process died (running)."""

@@ -16,7 +16,7 @@ import yaml
 import blockpred
 from blockpred.autosize import MAX_CHECKS, SizeProblem, Trial, pick, recheck, recheck_due, search
 from blockpred.cli import main
-from blockpred.defaults import MAX_BUDGET_S, MIN_RUN_S, measuring_budget
+from blockpred.defaults import BASE_BUDGET_S, MAX_BUDGET_S, MIN_RUN_S, measuring_budget
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
 from blockpred.sizecache import CachedSizes
@@ -239,8 +239,10 @@ def test_a_resume_keeps_the_block_the_run_started_with(tmp_path, source):
 
 def test_the_budget_is_nothing_below_the_threshold_a_few_seconds_above_and_capped():
     assert measuring_budget(MIN_RUN_S * 0.99) == 0
-    assert 0 < measuring_budget(MIN_RUN_S) <= MAX_BUDGET_S
-    assert measuring_budget(1e6) == MAX_BUDGET_S
+    assert 0 < measuring_budget(MIN_RUN_S) <= BASE_BUDGET_S
+    assert measuring_budget(40.0) == BASE_BUDGET_S == 10.0  # a quarter of a 40 s run
+    assert measuring_budget(300.0) == 30.0  # a tenth of a long run ...
+    assert measuring_budget(1e6) == MAX_BUDGET_S == 60.0  # ... up to a minute
 
 
 def test_the_quick_search_starts_no_trial_it_foresees_ending_past_its_time():
