@@ -2,8 +2,9 @@
 
 Real processes: a parent that starts a child the way a nanny starts a worker
 (the parent's pid in its environment, the preload hook run in it), then the
-parent killed with SIGKILL.  The whole path through dask's nanny:
-``tests/test_scheduler.py::test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight``.
+parent killed with SIGKILL; and the worker processes of a real local cluster,
+which must carry this process's pid and run the watch.  A killed client's
+workers ending: ``tests/test_scheduler.py::test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight``.
 """
 
 import os
@@ -66,3 +67,17 @@ def test_a_worker_process_ends_when_the_process_that_started_it_is_killed(tmp_pa
                     process.kill()
             except psutil.Error:
                 pass
+
+
+def test_each_worker_process_of_a_local_cluster_watches_this_process():
+    """The nanny's part: its worker processes get this process's pid and run the watch (dask's preload)."""
+    import threading
+
+    from blockpred.cluster import Cluster
+
+    def watching() -> tuple[str | None, bool]:
+        return os.environ.get(PARENT_ENV), any(t.name == "blockpred-parent-watch" for t in threading.enumerate())
+
+    with Cluster("cpu", 2, None) as cluster:
+        seen = cluster.client().run(watching)
+    assert len(seen) == 2 and all(tuple(v) == (str(os.getpid()), True) for v in seen.values()), seen

@@ -16,7 +16,6 @@ import blockpred
 from blockpred.cli import main
 from blockpred.io import open_volume
 from blockpred.markers import DoneMarkers, markers_path
-from blockpred.orphan import PARENT_ENV
 from blockpred.io.base import parse_volume_path
 from tests.helpers import write_test_volume, child_env
 
@@ -126,7 +125,6 @@ def test_a_killed_run_resumes_and_recomputes_only_the_blocks_in_flight(tmp_path,
     run = _start_run(args, tmp_path)
     _wait_for_done(out, 8, run)
     workers = _worker_processes(run.pid)
-    assert workers and all(w.environ().get(PARENT_ENV) == str(run.pid) for w in workers)  # each watches the client
     os.kill(run.pid, signal.SIGKILL)  # the client, with its scheduler
     run.wait(timeout=30)
     psutil.wait_procs(workers, timeout=60)  # workers notice their parent is gone and stop
