@@ -311,10 +311,11 @@ def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: Ca
     Returns the trials and whether every contender was timed.
     """
     started, timings = time.perf_counter(), list(known)
+    timed_now = {(t.block, t.batch_size) for t in known}
     work = lambda t: problem.input_shape(t.block).prod() * t.batch_size  # noqa: E731
     finished = True
     for trial in contenders(problem, cached.trials):
-        if any((t.block, t.batch_size) == (trial.block, trial.batch_size) for t in known):
+        if (trial.block, trial.batch_size) in timed_now:
             continue
         base = next((t for t in reversed(timings) if t.fits), trial)
         if time.perf_counter() - started + 2 * base.seconds_per_pass * work(trial) / work(base) > max_total_s:

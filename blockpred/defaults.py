@@ -12,17 +12,19 @@ at all (the start block, batch 1, contiguous: there is little to gain), and
 a longer one may spend :data:`BUDGET_FRACTION` of its estimate, at most
 :data:`BASE_BUDGET_S` (a tenth of a longer run, up to :data:`MAX_BUDGET_S`):
 a first run, which is often a user's only run, never pays more than a
-quarter of its time for the runs after it, which pay nothing.  On a GPU, where the budget ends before a larger block is timed, the next
-larger one is chosen when the halo it saves makes it faster by the largest
-timed pass scaled by voxels (:func:`blockpred.autosize.pick`).  The memory
+quarter of its time for the runs after it, which pay nothing.  On a GPU,
+where the budget ends before a larger block is timed, the next larger one is
+chosen when the halo it saves makes it faster by the largest timed pass
+scaled by voxels (:func:`blockpred.autosize.pick`).  The memory
 format is measured first, at the start block: the estimate's pass is
 contiguous's, so channels_last takes a warm-up and a timed pass, and only
 when those fit the budget; the faster layout's pass is the first size trial,
 and the sizes search the rest of the budget (the search starts no trial it
 foresees ending past it).  A cached search is timed again where one
 measurement may have met a busy machine (:func:`blockpred.autosize.recheck`).
-A named option is never measured or changed.  Different layouts, batches and blocks give the same values up to
-float rounding (and, for blocks, up to what the halo covers).
+A named option is never measured or changed.  Different layouts, batches and
+blocks give the same values up to float rounding (and, for blocks, up to what
+the halo covers).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def measuring_budget(estimated_run_s: float) -> float:
     """Seconds the defaults may spend measuring for a run estimated at ``estimated_run_s``."""
     if estimated_run_s < MIN_RUN_S:
         return 0.0
-    # A 5-minute run on a CPU with 10 s could not time one block larger than the start block
-    # (unet12 on 63 Mvox: 64^3 at 1.2 s a pass, the next block foreseen at 6.8 s): 4x slower than measured.
+    # With 10 s a 5-minute CPU run could time no block beyond the start block (unet12 on 63 Mvox: 64^3 at
+    # 1.2 s a pass, the next block foreseen at 6.8 s; 307 s at 64^3, 215 s with 30 s that found 128x120x120).
     cap = max(BASE_BUDGET_S, min(MAX_BUDGET_S, LONG_RUN_FRACTION * estimated_run_s))
     return min(cap, BUDGET_FRACTION * estimated_run_s)
 
