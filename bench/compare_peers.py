@@ -11,6 +11,12 @@ zarr volume, the same network weights and the same halo:
   **first run**, which pays for measuring; its cache is then kept) and in every
   round after it (**cached**: what every later run costs).  The configuration
   the command chose (its ``chosen:`` line) is printed;
+* ``blockpred.predict`` as a notebook user calls the Python API, timed inside
+  one process of its own after its imports (``bench/predict_api.py``): the
+  counterpart of the peers' in-process times, with no interpreter start and no
+  import, but the model load, the volume's statistics, the dry run and any
+  measuring in every call.  Its first call has an empty cache of its own (the
+  first run), the calls after it keep it (cached);
 * the peers, each timed two ways (their code: ``bench/peers.py``):
 
   - **in-process**, on the network object built once, after an untimed
@@ -34,7 +40,9 @@ zarr volume, the same network weights and the same halo:
 Every tool sees the same input values (uint8 -> float32 x 1/255, blockpred's
 ``auto`` normalisation).  Rounds alternate the tools; the table shows medians
 (seconds of wall time) and the best peer's time against blockpred's (cached
-and first run), in-process and as scripts.  Max |diff| against blockpred over
+and first run), like against like: the peers in-process against
+``blockpred.predict`` in-process, the peers' scripts against ``blockpred run``
+(and, as before, the peers in-process against ``blockpred run``).  Max |diff| against blockpred over
 the interior (the halo away from every face): blockpred's chosen block
 differs from the peers' 64^3, so outputs agree to float rounding where the halo
 covers the network's receptive field (``tiny``) and differ near block edges
@@ -130,6 +138,18 @@ def run_blockpred(source: str, output: str, model_args: list[str], cache: Path) 
     return wall, pipeline, chosen
 
 
+def run_blockpred_api(source: str, output: str, model_args: list[str], cache: Path, calls: int) -> list[dict]:
+    """``blockpred.predict`` as a notebook user calls it, ``calls`` times in one process of its own
+    (``bench/predict_api.py``: imports first, untimed; the first call on ``cache`` as it is): each
+    call's wall and pipeline seconds and what it chose."""
+    command = [sys.executable, str(Path(__file__).with_name("predict_api.py")), source, output,
+               "--cache", str(cache), "--calls", str(calls), *model_args]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["calls"]
+
+
 def read_output(path: str) -> np.ndarray:
     import zarr
 
@@ -194,10 +214,18 @@ def main() -> None:
                 output = create_output(str(root / f"{tag}-{peer}.zarr"), (2,) + shape, bp_out)
                 return run_torch_em(functions[peer], source, net, halo, output), None
 
+            times: dict[str, list[float]] = {}
             first = run_blockpred(source, bp_out, model_args, cache)
             print(f"{tag}: blockpred first run (empty cache) {first[0]:.2f} s wall, pipeline {first[1]:.2f} s; "
                   f"{first[2]}", flush=True)
-            times: dict[str, list[float]] = {}
+            api_cache, api_out = root / f"cache-{tag}-api", str(root / f"{tag}-blockpred-api.zarr")
+            shutil.rmtree(api_cache, ignore_errors=True)
+            api_calls = run_blockpred_api(source, api_out, model_args, api_cache, rounds + 1)
+            api_first = api_calls[0]
+            times["blockpred.predict (cached)"] = [call["wall_s"] for call in api_calls[1:]]
+            print(f"{tag}: blockpred.predict in one process: first call (empty cache) {api_first['wall_s']:.2f} s "
+                  f"(pipeline {api_first['pipeline_s']:.2f} s; {api_first['chosen']}), then "
+                  f"{', '.join(f'{t:.2f}' for t in times['blockpred.predict (cached)'])} s", flush=True)
             pipelines, chosen, outputs = [], first[2], {}
             for round_ in range(rounds):
                 wall, pipeline, chosen = run_blockpred(source, bp_out, model_args, cache)
@@ -242,25 +270,32 @@ def main() -> None:
                                                                                if not k.startswith("blockpred")},
                 "best_peer": best_peer, "speedup_cached": medians[best_peer] / cached,
                 "speedup_first": medians[best_peer] / first[0], "max_abs_diff_interior": diffs, "runs": times,
+                "api_first_s": api_first["wall_s"], "api_first_pipeline_s": api_first["pipeline_s"],
+                "api_chosen_first": api_first["chosen"], "api_cached_s": medians["blockpred.predict (cached)"],
+                "api_speedup_first": medians[best_peer] / api_first["wall_s"],
+                "api_speedup_cached": medians[best_peer] / medians["blockpred.predict (cached)"],
             }
             if not args.no_scripts:
                 best_script = min((f"{label} (script)" for label in labels), key=medians.get)
                 row.update(best_script=best_script, script_speedup_cached=medians[best_script] / cached,
                            script_speedup_first=medians[best_script] / first[0])
             report.append(row)
-            print(f"{tag}: best peer in-process {best_peer} {medians[best_peer]:.2f} s; blockpred cached "
-                  f"{cached:.2f} s ({row['speedup_cached']:.2f}x), first run {first[0]:.2f} s "
-                  f"({row['speedup_first']:.2f}x); chosen {row['chosen']}", flush=True)
+            print(f"{tag}: best peer in-process {best_peer} {medians[best_peer]:.2f} s; blockpred.predict in-process "
+                  f"cached {row['api_cached_s']:.2f} s ({row['api_speedup_cached']:.2f}x), first call "
+                  f"{row['api_first_s']:.2f} s ({row['api_speedup_first']:.2f}x); blockpred run cached {cached:.2f} s "
+                  f"({row['speedup_cached']:.2f}x), first run {first[0]:.2f} s ({row['speedup_first']:.2f}x); "
+                  f"chosen {row['chosen']}", flush=True)
             if not args.no_scripts:
                 print(f"{tag}: best peer as a script {row['best_script']} {medians[row['best_script']]:.2f} s: "
                       f"blockpred cached {row['script_speedup_cached']:.2f}x, first run "
                       f"{row['script_speedup_first']:.2f}x", flush=True)
 
     print()
-    print("| network | volume | blockpred run, cached | first run (empty cache) | torch-em pipelined: in-process "
-          "(script) | MONAI: in-process (script) | best peer in-process / blockpred cached (first) | "
-          "best peer as a script / blockpred cached (first) | blockpred chose |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| network | volume | blockpred run: cached (first run, empty cache) | blockpred.predict in-process: "
+          "cached (first call) | torch-em pipelined: in-process (script) | MONAI: in-process (script) | "
+          "in-process, best peer / blockpred.predict: cached (first) | as scripts, best peer / blockpred run: "
+          "cached (first) | best peer in-process / blockpred run: cached (first) | blockpred chose |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     nan = float("nan")
     for r in report:
         peers = r["peers_s"]
@@ -270,9 +305,10 @@ def main() -> None:
         scripts = (f"**{r['script_speedup_cached']:.2f}x** ({r['script_speedup_first']:.2f}x)"
                    if "best_script" in r else "not run")
         print(f"| {r['network']} | {'x'.join(map(str, r['shape']))} ({r['mvox']:.1f} Mvox) | "
-              f"{r['cached_run_s']:.2f} s (pipeline {r['cached_pipeline_s']:.2f}) | {r['first_run_s']:.2f} s | "
-              f"{cells[0]} | {cells[1]} | **{r['speedup_cached']:.2f}x** ({r['speedup_first']:.2f}x) | {scripts} | "
-              f"{r['chosen']} |")
+              f"{r['cached_run_s']:.2f} s, pipeline {r['cached_pipeline_s']:.2f} ({r['first_run_s']:.2f} s) | "
+              f"{r['api_cached_s']:.2f} s ({r['api_first_s']:.2f} s) | {cells[0]} | {cells[1]} | "
+              f"**{r['api_speedup_cached']:.2f}x** (**{r['api_speedup_first']:.2f}x**) | {scripts} | "
+              f"{r['speedup_cached']:.2f}x ({r['speedup_first']:.2f}x) | {r['chosen']} |")
     for r in report:
         diffs = ", ".join(f"{k} {v:.1e}" for k, v in r["max_abs_diff_interior"].items())
         print(f"  {r['network']} {'x'.join(map(str, r['shape']))}: max |diff| to blockpred in the interior: {diffs}")

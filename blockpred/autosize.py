@@ -11,7 +11,8 @@ Short trial passes on the device decide, never a formula:
    over ``max_pass_s``, or stops paying (three larger blocks in a row more
    than 10% slower than the best), or the trials have taken a minute; if the
    default itself does not fit it steps down until one does.
-3. For the largest blocks that fit, the batch doubles while it fits and pays.
+3. For the largest blocks that fit (the measured defaults' coarse search: the
+   fastest and the largest), the batch doubles while it fits and pays.
 4. The fastest (block, batch) wins, by Mvox/s over the region to predict:
    its voxels per second of the passes that would tile it.  Larger blocks
    waste less on the halo, until the device is full or the blocks overhang
@@ -20,7 +21,8 @@ Short trial passes on the device decide, never a formula:
 A trial is the run's own device path (raw upload, normalisation, network,
 crop, conversion, download) on seeded random data of the input's dtype (not
 zeros: kernels can run faster on zeros than on real data): one warm-up pass
-(cuDNN picks its kernels), then timed passes with one in flight.  The choice
+(cuDNN picks its kernels), then timed passes with one in flight; the measured
+defaults' quick trials time one cold pass on a CPU (:func:`quick_trial_passes`).  The choice
 trials are cached per model, device, precision and constraints (see
 :class:`SizeCache`), so only the first run on a machine pays for them.
 
@@ -36,6 +38,7 @@ ever slows a pass down).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import replace
 from typing import Callable
@@ -46,10 +49,11 @@ from .errors import InvalidOptionError
 from .geometry import Coord
 from .pipeline import Predictor, is_out_of_memory
 from .sizecache import CachedSizes, SizeCache, cache_key, device_key
-from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block
+from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block, quick_trial_passes
 
-__all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key", "model_key", "pick",
-           "probe_block", "recheck", "recheck_due", "search", "trial_runner"]
+__all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key", "foreseen_saving_s",
+           "model_key", "pick",
+           "probe_block", "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,17 +67,17 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
     """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome.
 
     ``quick`` (the measured defaults; the first candidate is usually timed by
-    the caller): one timed pass after one warm-up pass, on a GPU for cuDNN's
-    choice of kernels, on a CPU for the heap's growth (with
-    :mod:`blockpred.hostmem` a warm pass reuses memory the cold one faulted in:
-    a cold 84x276x276 pass of ``tiny`` took 3.6 s, a warm one 0.9 s; cold
-    passes would favour small blocks).
+    the caller): :func:`quick_trial_passes` passes, the last one timed.
+    Otherwise warm-up passes first (three, then one per trial), on a GPU for
+    cuDNN's choice of kernels, on a CPU for the heap's growth, and ``repeats``
+    timed passes.
     """
     import torch
 
     cuda = predictor.device.type == "cuda"
     repeats = 1 if quick else repeats
-    first_warmups, later_warmups = (1, 1) if quick else (3, 1)
+    warmups = quick_trial_passes(predictor.device.type) - 1
+    first_warmups, later_warmups = (warmups, warmups) if quick else (3, 1)
     if cuda and budget_bytes is None:
         predictor.release_memory()
         free, _ = torch.cuda.mem_get_info(predictor.device)
@@ -127,17 +131,20 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
            max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False,
-           known: tuple[Trial, ...] = (), untimed: bool = True) -> SizeChoice:
+           known: tuple[Trial, ...] = (), untimed: bool = True, trial_passes: int = 2) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
     No trial starts that would end after ``max_total_s`` (its time is
     foreseen from the last trial's, scaled by the voxels of the pass; the best
     so far wins): on a slow device the search must not cost more than it saves.
-    ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``, and, with
-    ``untimed``, a larger one chosen untimed where it should pay (see :func:`pick`).
+    ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``; no larger block is
+    tried whose trial would cost more than it is foreseen to save over the region
+    (:func:`foreseen_saving_s`): the measured defaults' search pays off in the run that measures.
+    With ``untimed``, a larger one chosen untimed where it should pay (see :func:`pick`).
     ``known``: trials already run (the caller timed them, or an earlier search cut short by its
-    time): taken as they are, not run again.  The choice is not ``complete`` when the time ended
-    the search after it ran a trial: one that ran none could not go further at this time either.
+    time): taken as they are, not run again; a known pass foresees a trial of ``trial_passes``
+    passes.  The choice is not ``complete`` when the time ended the search after it ran a trial:
+    one that ran none could not go further at this time either.
     """
     candidates = problem.candidates(coarse)
     batch = problem.fixed_batch or 1
@@ -147,16 +154,18 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     cut_short, ran = False, []
     already = {(t.block, t.batch_size): t for t in known}
 
-    def out_of_time(block: Coord | None = None, batch_size: int = 1) -> bool:
+    def foreseen_s(block: Coord, batch_size: int) -> float:
+        """Seconds a trial would take: the last one's, scaled by the voxels of a pass (nothing when known)."""
+        if (block, batch_size) in already or not last:
+            return 0.0
+        voxels, seconds = last[-1]
+        return seconds * problem.input_shape(block).prod() * batch_size / voxels
+
+    def out_of_time(block: Coord, batch_size: int = 1) -> bool:
         nonlocal cut_short
         if (block, batch_size) in already:
             return False  # known: costs nothing
-        elapsed = time.perf_counter() - started
-        if block is None or not last:
-            over = elapsed > max_total_s
-        else:
-            voxels, seconds = last[-1]
-            over = elapsed + seconds * problem.input_shape(block).prod() * batch_size / voxels > max_total_s
+        over = time.perf_counter() - started + foreseen_s(block, batch_size) > max_total_s
         cut_short = cut_short or over
         return over
 
@@ -166,8 +175,9 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         if trial is None:
             trial = run(block, batch_size)
             ran.append(trial)
-        # A known trial's time foresees a trial's: at least a warm-up pass and a timed one (see trial_runner).
-        took = 2 * trial.seconds_per_pass if (block, batch_size) in already else time.perf_counter() - begin
+        # A known trial's time foresees a trial's passes (a warm-up and a timed one on a GPU, see trial_runner).
+        took = (trial_passes * trial.seconds_per_pass if (block, batch_size) in already
+                else time.perf_counter() - begin)
         last[:] = [(problem.input_shape(block).prod() * batch_size, took)]
         trials.append(trial)
         logger.info("trial block %s batch %d: %s%s", "x".join(map(str, block)), batch_size, trial.outcome,
@@ -182,6 +192,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         for block in candidates[start + 1:]:
             if trials[-1].seconds_per_pass > max_pass_s or out_of_time(block, batch):
                 break  # a larger block would only be slower per pass, or the time is spent: enough
+            if coarse and foreseen_saving_s(problem, trials, block) < foreseen_s(block, batch):
+                break  # the trial would cost more than the block may save in this run
             trial = attempt(block, batch)
             if not trial.fits:
                 break
@@ -201,8 +213,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             f"was {smallest.outcome}; free device memory, use --precision bf16, or a smaller network"
         )
     if problem.fixed_batch is None:
-        largest = sorted({t.block for t in fitting}, key=lambda b: b.prod(), reverse=True)[:blocks_for_batch]
-        for block in largest:
+        for block in _blocks_to_batch(problem, fitting, blocks_for_batch, coarse):
             best = max(score(t) for t in fitting if t.block == block)
             blocks_in_region = problem.blocks_over_region(block).prod()
             batch_size = 2
@@ -214,6 +225,48 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
                 best = score(trial)
                 batch_size *= 2
     return replace(pick(problem, trials, extrapolate=coarse and untimed), complete=not (cut_short and ran))
+
+
+def _blocks_to_batch(problem: SizeProblem, fitting: list[Trial], count: int, coarse: bool) -> list[Coord]:
+    """The blocks whose batch the search doubles: the ``count`` largest that fit; in a ``coarse`` search
+    the fastest and the largest only.
+
+    Coarse candidates are eight times apart in voxels: a batch of a block below a larger one that was
+    timed and fit runs the voxels of that block in one call with more halo, and on the CPU paid for
+    nothing (unet12 on 63 Mvox: 64^3 at batch 2 and 4, 0.27 and 0.29 Mvox/s against 0.47 at
+    128x120x120, 10.8 s of a 22.3 s measurement).  The fastest block is still batched where larger
+    blocks stopped paying.
+    """
+    by_size = sorted({t.block for t in fitting}, key=lambda b: b.prod(), reverse=True)
+    if not coarse:
+        return by_size[:count]
+    fastest = max(fitting, key=problem.roi_mvox_per_s).block
+    return list(dict.fromkeys((fastest, by_size[0])))
+
+
+def foreseen_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], block: Coord) -> float:
+    """Seconds ``block`` may save over the region against the fastest fitting trial at its batch.
+
+    The halo it saves (the region's computed voxels, :meth:`SizeProblem.computed_voxels`, at the
+    fastest trial's block over those at ``block``), discounted by how much of the halo it saved the
+    largest block timed so far gave against the block below it: on a CPU a larger block is slower per
+    voxel (unet12, 2 cores: 128x120x120 computes 0.80x the voxels of 128x240x240 per region but ran
+    only 4% slower, after a cold 15.3 s trial).
+    """
+    fitting = sorted((t for t in trials if t.fits and t.batch_size == (problem.fixed_batch or 1)),
+                     key=lambda t: t.block.prod())
+    if not fitting:
+        return 0.0
+    score = problem.roi_mvox_per_s
+    best = max(fitting, key=score)
+    gain = problem.computed_voxels(best.block) / problem.computed_voxels(block)
+    if len(fitting) >= 2:
+        below, largest = fitting[-2], fitting[-1]
+        foreseen = problem.computed_voxels(below.block) / problem.computed_voxels(largest.block)
+        if foreseen > 1:
+            gain **= min(1.0, math.log(max(score(largest) / score(below), 1e-9)) / math.log(foreseen))
+    run_s = problem.roi.size / (score(best) * 1e6)
+    return run_s * (1 - 1 / gain)
 
 
 #: An untimed block wins only where its estimate beats the fastest timed one by this factor.
@@ -302,11 +355,11 @@ def merge_trials(old: list[Trial] | tuple[Trial, ...], new: list[Trial] | tuple[
 
 
 def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: CachedSizes, *, max_total_s: float,
-            known: tuple[Trial, ...] = ()) -> tuple[list[Trial], bool]:
+            known: tuple[Trial, ...] = (), trial_passes: int = 2) -> tuple[list[Trial], bool]:
     """The cached trials with their winner and runner-up timed again by ``run`` (those not in ``known``,
     which the caller just timed), each merged with its earlier timing (:func:`merge_trials`).
 
-    No trial starts that is foreseen to end after ``max_total_s``: a warm-up and a timed pass, scaled by
+    No trial starts that is foreseen to end after ``max_total_s``: ``trial_passes`` passes, scaled by
     input voxels from the last pass timed now (the cached timing when none is: it may be the busy one).
     Returns the trials and whether every contender was timed.
     """
@@ -318,7 +371,8 @@ def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: Ca
         if (trial.block, trial.batch_size) in timed_now:
             continue
         base = next((t for t in reversed(timings) if t.fits), trial)
-        if time.perf_counter() - started + 2 * base.seconds_per_pass * work(trial) / work(base) > max_total_s:
+        foreseen = trial_passes * base.seconds_per_pass * work(trial) / work(base)
+        if time.perf_counter() - started + foreseen > max_total_s:
             finished = False
             break
         timings.append(run(trial.block, trial.batch_size))
@@ -357,7 +411,8 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
         return None
     if due:
         run = trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True)
-        trials, _ = recheck(problem, run, found, max_total_s=quick_s, known=tuple(known))
+        trials, _ = recheck(problem, run, found, max_total_s=quick_s, known=tuple(known),
+                            trial_passes=quick_trial_passes(predictor.device.type))
         predictor.release_memory()
         # A check counts where its time ended first too: no run after it pays again for a check it cannot afford.
         cache.put(key, problem, trials, complete=True, checks=found.checks + 1)
@@ -367,7 +422,8 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes), known=known)
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True),
-                        max_total_s=quick_s, coarse=True, known=known, untimed=untimed)
+                        max_total_s=quick_s, coarse=True, known=known, untimed=untimed,
+                        trial_passes=quick_trial_passes(predictor.device.type))
     predictor.release_memory()
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice

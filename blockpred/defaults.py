@@ -17,8 +17,10 @@ where the budget ends before a larger block is timed, the next larger one is
 chosen when the halo it saves makes it faster by the largest timed pass
 scaled by voxels (:func:`blockpred.autosize.pick`).  The memory
 format is measured first, at the start block: the estimate's pass is
-contiguous's, so channels_last takes a warm-up and a timed pass, and only
-when those fit the budget; the faster layout's pass is the first size trial,
+contiguous's, so channels_last takes the passes of a quick trial (a warm-up
+and a timed pass on a GPU, one cold pass on a CPU:
+:func:`blockpred.sizing.quick_trial_passes`), and only when those fit the
+budget; the faster layout's pass is the first size trial,
 and the sizes search the rest of the budget (the search starts no trial it
 foresees ending past it).  A cached search is timed again where one
 measurement may have met a busy machine (:func:`blockpred.autosize.recheck`).
@@ -41,9 +43,6 @@ BUDGET_FRACTION = 0.25
 BASE_BUDGET_S = 10.0
 LONG_RUN_FRACTION = 0.1
 MAX_BUDGET_S = 60.0
-#: Passes the memory format measurement takes (one warm-up and one timed pass per layout; the
-#: estimate's pass stands for contiguous's two).
-FORMAT_PASSES = 4
 
 
 def measuring_budget(estimated_run_s: float) -> float:

@@ -26,6 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from .sizecache import device_key
+from .sizing import quick_trial_passes
 from .cache import JsonFile, default_cache_dir
 from .config import MEMORY_FORMATS
 from .pipeline import Predictor, is_out_of_memory
@@ -49,10 +50,11 @@ class FormatChoice:
 
 def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], model_key: dict,
                          cache: JsonFile | None = None, repeats: int = REPEATS, cached_only: bool = False,
-                         known: Mapping[str, float] | None = None) -> FormatChoice | None:
+                         known: Mapping[str, float] | None = None, quick: bool = False) -> FormatChoice | None:
     """The faster layout for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
 
-    ``repeats``: timed passes per layout (the measured defaults use one).
+    ``repeats``: timed passes per layout after a warm-up.  ``quick`` (the measured defaults): the passes
+    of a quick size trial instead (:func:`blockpred.sizing.quick_trial_passes`: on a CPU one pass, cold).
     ``cached_only``: None instead of a measurement when nothing is cached.
     ``known``: seconds per (warm) pass already measured for some layouts at this shape: not measured again.
     """
@@ -66,7 +68,9 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
         return None
     else:
         known = dict(known or {})
-        seconds = {name: known[name] if name in known else _seconds_per_pass(predictor, name, batch_shape, repeats)
+        warmups, repeats = (quick_trial_passes(predictor.device.type) - 1, 1) if quick else (1, repeats)
+        seconds = {name: known[name] if name in known
+                   else _seconds_per_pass(predictor, name, batch_shape, warmups, repeats)
                    for name in MEMORY_FORMATS}
         fastest = min(seconds, key=seconds.get)
         winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds["contiguous"] else "contiguous"
@@ -79,12 +83,14 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
     return choice
 
 
-def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...], repeats: int) -> float:
+def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...], warmups: int,
+                      repeats: int) -> float:
     """Seconds per pass in ``memory_format``; infinite when the batch does not fit the device in it."""
     predictor.use_memory_format(memory_format)
     batch = np.random.default_rng(0).random(batch_shape, dtype=np.float32)  # kernels may run faster on zeros
     try:
-        predictor(batch)  # warm-up: kernels chosen, memory allocated
+        for _ in range(warmups):  # kernels chosen, memory allocated
+            predictor(batch)
         start = time.perf_counter()
         for _ in range(repeats):
             predictor(batch)

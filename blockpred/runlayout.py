@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, probe_block
+from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, probe_block, quick_trial_passes
 from .blocking import BlockPlan, blocks_per_axis, plan_blocks
-from .config import RunConfig
-from .defaults import FORMAT_PASSES, Defaults, measuring_budget
+from .config import MEMORY_FORMATS, RunConfig
+from .defaults import Defaults, measuring_budget
 from .errors import InvalidOptionError
 from .geometry import Coord
 from .io import VolumePath, supports_sharding
@@ -189,8 +189,10 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         chosen_format = chosen_sizes = None
         known_format = {predictor.memory_format: pass_s} if pass_s is not None and here else None
         if want_format:
-            cost = (FORMAT_PASSES - 2 * bool(known_format)) * (pass_s or 0.0)
-            chosen_format = choose_format(cfg, model, predictor, shape, repeats=1,
+            # The passes of a quick trial per layout not yet timed (the estimate's pass is the known one's).
+            layouts = len(MEMORY_FORMATS) - bool(known_format)
+            cost = quick_trial_passes(predictor.device.type) * layouts * (pass_s or 0.0)
+            chosen_format = choose_format(cfg, model, predictor, shape, quick=True,
                                            cached_only=pass_s is None or spent() + cost > budget, known=known_format)
         if want_block or want_batch:
             known: tuple[Trial, ...] = ()
@@ -303,21 +305,21 @@ def start_format(cfg: RunConfig) -> str:
 
 def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
                    repeats: int = FORMAT_REPEATS, cached_only: bool = False,
-                   known: dict | None = None) -> FormatChoice | None:
+                   known: dict | None = None, quick: bool = False) -> FormatChoice | None:
     """The faster memory format, measured on this process's device, or with ``--scheduler`` on a worker's.
 
-    None when ``cached_only`` finds nothing cached.
+    None when ``cached_only`` finds nothing cached.  ``quick``: see :func:`choose_memory_format`.
     """
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
         choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only,
-                                      known=known)
+                                      known=known, quick=quick)
     else:
         from .scheduler import run_on_a_worker
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
         choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, cfg.precision,
-                                 batch_shape, key, repeats, cached_only)
+                                 batch_shape, key, repeats, cached_only, quick)
         if choice is not None:
             predictor.use_memory_format(choice.memory_format)
     logger.info("memory format: %s", choice)
@@ -325,12 +327,12 @@ def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tupl
 
 
 def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch_shape: tuple[int, ...],
-                             key: dict, repeats: int, cached_only: bool) -> FormatChoice | None:
+                             key: dict, repeats: int, cached_only: bool, quick: bool = False) -> FormatChoice | None:
     """:func:`choose_memory_format` on a dask worker's device (its cache, too, is the worker's)."""
     from .dask_tasks import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision)
-    return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only)
+    return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only, quick=quick)
 
 
 def _valid_input_hint(model, output_shape: Coord) -> Coord | None:

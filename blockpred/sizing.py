@@ -82,6 +82,10 @@ class SizeProblem:
     def input_shape(self, block: Coord) -> Coord:
         return block + (self.halo + self.context) * 2 + self.input_extra
 
+    def computed_voxels(self, block: Coord) -> int:
+        """Input voxels the network computes to tile the region with ``block``: halo and overhang included."""
+        return self.blocks_over_region(block).prod() * self.input_shape(block).prod()
+
     def candidates(self, coarse: bool = False) -> list[Coord]:
         """Blocks from smallest to largest, each a multiple of the step, none above ``max_block``.
 
@@ -114,6 +118,23 @@ class SizeProblem:
         fitted = self.roi.end.ceil_div(count).ceil_div(self.step) * self.step
         fitted = fitted.minimum(block)
         return fitted if self.blocks_over_region(fitted) == count else block
+
+
+def quick_trial_passes(device_type: str) -> int:
+    """Passes a quick trial (:func:`blockpred.autosize.trial_runner` with ``quick``) runs on a device of this type.
+
+    A GPU: a warm-up pass (cuDNN chooses its kernels; the first pass of a shape
+    is many times slower) and a timed one.  A CPU: one pass, timed cold.  A cold
+    pass faults in the memory a larger block needs (with :mod:`blockpred.hostmem`
+    ``tiny``'s 84x276x276 pass took 1.49 s cold, 0.90-0.97 s warm), so its time
+    is an upper bound of the run's warm passes: a block whose cold pass beats
+    the warm start block is faster, and one that loses is at worst kept out.
+    The search is cautious where it errs, and costs half: on two cores the
+    measured defaults' budget for ``tiny`` on 4 Mvox (0.65 s) afforded no
+    two-pass trial of 64x128x128 (2 x 0.31 s, after the start block's pass),
+    which runs the volume 1.6x as fast as 64^3 in channels_last.
+    """
+    return 2 if device_type == "cuda" else 1
 
 
 def probe_block(base_block: Coord, step: Coord) -> Coord:

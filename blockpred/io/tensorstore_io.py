@@ -4,8 +4,20 @@ tensorstore decodes and encodes chunks on its own thread pool (no GIL, no
 asyncio loop), so a reader or writer thread of the pipeline only starts an
 operation and waits.  Every volume of a process shares one
 :class:`tensorstore.Context`, so their concurrency limits (one data-copy
-thread per core) hold for the process, not per volume.  No chunk cache is
-configured: blocks are read once and written once.
+thread per core) hold for the process, not per volume.
+
+A volume opened for reading (an input) keeps decoded chunks in a cache of
+:data:`READ_CACHE_BYTES`: a block's halo reaches into the chunks its
+neighbours read too, so without one every chunk on a block's edge is decoded
+again for each block it borders (input chunks 64^3, block 64x256x256, halo
+8,16,16: 108 chunks decoded a block where its own region spans 16; reading
+the 64 blocks of a 1024x512x512 uint8 volume in order took 33 ms of CPU a
+block uncached, 10-11 ms with 64 or 256 MiB of cache).  Blocks run in order
+(and a dask task takes consecutive blocks), so a block's neighbour along the
+last axis was read just before it.  The input does not change during a run:
+cached chunks are not checked again against the store (``recheck_cached_data``
+``open``).  A volume opened for writing has no cache: its chunks are written
+once.
 
 A write returns when its data is *committed* (on disk); :meth:`write_async`
 returns the commit future instead, so a block is marked done only after the
@@ -56,8 +68,19 @@ def kvstore(path: VolumePath, key: str = "") -> dict:
     return {"driver": "file", "path": str(directory) + "/"}
 
 
+#: Bytes of decoded chunks a volume opened for reading keeps (see the module docstring).
+READ_CACHE_BYTES = 256 << 20
+
+
+def read_cache(spec: dict) -> dict:
+    """``spec`` with the chunk cache of a volume opened for reading (a context resource of its own)."""
+    return {**spec, "cache_pool": {"total_bytes_limit": READ_CACHE_BYTES}, "recheck_cached_data": "open"}
+
+
 def open_store(spec: dict, *, writable: bool) -> ts.TensorStore:
-    """Open an existing array; raises ``ValueError`` when tensorstore cannot (the message says why)."""
+    """Open an existing array, with :func:`read_cache` when not ``writable``; raises ``ValueError`` when
+    tensorstore cannot (the message says why)."""
+    spec = spec if writable else read_cache(spec)
     return ts.open(spec, read=True, write=writable, open=True, context=context()).result()
 
 
@@ -84,8 +107,10 @@ class TensorstoreVolume(Volume):
     @functools.cached_property
     def _strict(self) -> ts.TensorStore:
         """The same view of the same array, on which reading a missing chunk raises."""
-        spec = self._store.spec().to_json()
+        spec = self._store.spec().to_json()  # without its context resources: the cache is asked for again
         spec["fill_missing_data_reads"] = False
+        if not self.writable:
+            spec = read_cache(spec)
         if isinstance(self.path.container, ObjectUrl):  # a spec leaves out the credentials and retries: ours again
             access = kvstore_spec(self.path.container)
             spec["kvstore"].update({k: v for k, v in access.items() if k not in ("driver", "bucket", "path")})
