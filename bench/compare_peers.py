@@ -61,7 +61,8 @@ Peers' installs: ``pip install -e ".[peers]"`` (monai; 1.6.x needs only torch>=2
 torch-em is imported without its package ``__init__`` files: ``bench/peers.py``.
 
     python bench/compare_peers.py [--networks tiny,unet12] [--sizes 64,256,256x3,128,704,704x1]
-                                  [--all-peers] [--no-scripts] [--dir /tmp/blockpred-peers] [--json F]
+                                  [--all-peers | --peers monai,...] [--no-scripts] [--dir /tmp/blockpred-peers]
+                                  [--json F]
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="64,256,256x3,128,704,704x1",
                         help="volume shapes and their rounds, Z,Y,XxROUNDS (default 64,256,256x3,128,704,704x1)")
     parser.add_argument("--all-peers", action="store_true", help="also torch-em predict_with_halo (not pipelined)")
+    parser.add_argument("--peers", default=None,
+                        help="only these peers, by their script names (monai, torch-em-pipelined, torch-em-halo)")
     parser.add_argument("--no-scripts", action="store_true",
                         help="time the peers in-process only, not also as scripts (bench/peers.py)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the peers (default 2)")
@@ -193,7 +196,8 @@ def main() -> None:
     prediction, stubbed = import_torch_em_prediction()
     functions = {"torch-em-halo": prediction.predict_with_halo,
                  "torch-em-pipelined": prediction.predict_with_halo_pipelined}
-    labels = [label for label, peer in PEER_NAMES.items() if args.all_peers or peer != "torch-em-halo"]
+    labels = [label for label, peer in PEER_NAMES.items()
+              if (peer in args.peers.split(",") if args.peers else args.all_peers or peer != "torch-em-halo")]
 
     report = []
     for shape, rounds in parse_sizes(args.sizes):

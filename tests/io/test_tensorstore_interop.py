@@ -92,3 +92,26 @@ def test_n5_written_through_tensorstore_lies_on_disk_as_x_y_z_c_blocks(tmp_path)
     np.testing.assert_array_equal(block[:, :, :1, :11], data[:, 0:8, 32:33, 16:27])
     with open_volume(str(tmp_path / "c.n5/out")) as volume:
         np.testing.assert_array_equal(volume.read(volume.box), data)
+
+
+@pytest.mark.parametrize("halo, cached", [pytest.param(2, True, id="reads-cut-chunks"),
+                                          pytest.param(0, False, id="reads-on-the-chunk-grid")])
+def test_an_input_read_across_its_chunks_keeps_them_decoded_and_one_read_on_the_grid_does_not(tmp_path, halo, cached):
+    """A block's halo reaches into its neighbours' chunks: those are kept decoded for the neighbours.
+
+    Shown by a second read of the same box after its chunk was rewritten on disk behind the reader's back
+    (an input never changes during a run, so cached chunks are not checked again): the cached read
+    returns the old values."""
+    path = str(tmp_path / "in.zarr")
+    shape, chunks = (8, 16, 48), (8, 16, 16)
+    with create_volume(path, spatial_shape=shape, num_channels=None, dtype="uint8", chunk_shape=chunks,
+                       ome=False) as volume:
+        volume.write(volume.box, np.ones(shape, np.uint8))  # every chunk stored (not the fill value)
+    block = Box((0, 0, 16 - halo), (8, 16, 32 + halo))  # the middle chunk and its halo
+    with open_volume(path) as source:
+        first, _ = source.read_with_missing(block)
+        with open_volume(path, mode="r+") as writer:
+            writer.write(Box((0, 0, 16), (8, 16, 32)), np.full((8, 16, 16), 7, np.uint8))
+        second, _ = source.read_with_missing(block)
+    assert (first == 1).all()
+    assert (second[..., halo:16 + halo] == (1 if cached else 7)).all()
