@@ -10,7 +10,7 @@ block (timed after the dry run), times the blocks that block needs,
 estimates the run; a run estimated under :data:`MIN_RUN_S` is not measured
 at all (the start block, batch 1, contiguous: there is little to gain), and
 a longer one may spend :data:`BUDGET_FRACTION` of its estimate, at most
-:data:`BASE_BUDGET_S` (a fifth of a longer run, up to :data:`MAX_BUDGET_S`):
+:data:`BASE_BUDGET_S` (a tenth of a longer run, up to :data:`MAX_BUDGET_S`):
 a first run, which is often a user's only run, never pays more than a
 quarter of its time for the runs after it, which pay nothing.  On a GPU,
 where the budget ends before a larger block is timed, the next larger one is
@@ -39,10 +39,9 @@ from .geometry import Coord
 MIN_RUN_S = 1.0
 #: The share of the estimated run that measuring may take ...
 BUDGET_FRACTION = 0.25
-#: ... but no more than this many seconds, or LONG_RUN_FRACTION of a longer run, up to MAX_BUDGET_S (a long
-#: run's trials must each be foreseen to save what they cost in the run itself: autosize.foreseen_saving_s).
+#: ... but no more than this many seconds, or LONG_RUN_FRACTION of a longer run, up to MAX_BUDGET_S.
 BASE_BUDGET_S = 10.0
-LONG_RUN_FRACTION = 0.2
+LONG_RUN_FRACTION = 0.1
 MAX_BUDGET_S = 60.0
 
 
@@ -52,7 +51,7 @@ def measuring_budget(estimated_run_s: float) -> float:
         return 0.0
     # With 10 s a 5-minute CPU run could time no block beyond the start block (unet12 on 63 Mvox: 64^3 at
     # 1.2 s a pass, the next block foreseen at 6.8 s; 307 s at 64^3, 215 s with 30 s that found 128x120x120);
-    # with 25 s a 250 s run of it timed 128x120x120 (pipeline 152 s) but not 128x240x240 (132 s).
+    # a fifth (44-49 s of 219-248 s runs) paid no more in the first run than it cost: 172-174 s either way.
     cap = max(BASE_BUDGET_S, min(MAX_BUDGET_S, LONG_RUN_FRACTION * estimated_run_s))
     return min(cap, BUDGET_FRACTION * estimated_run_s)
 

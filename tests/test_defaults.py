@@ -243,7 +243,7 @@ def test_the_budget_is_nothing_below_the_threshold_a_few_seconds_above_and_cappe
     assert measuring_budget(MIN_RUN_S * 0.99) == 0
     assert 0 < measuring_budget(MIN_RUN_S) <= BASE_BUDGET_S
     assert measuring_budget(40.0) == BASE_BUDGET_S == 10.0  # a quarter of a 40 s run
-    assert measuring_budget(200.0) == 40.0  # a fifth of a long run ...
+    assert measuring_budget(300.0) == 30.0  # a tenth of a long run ...
     assert measuring_budget(1e6) == MAX_BUDGET_S == 60.0  # ... up to a minute
 
 
