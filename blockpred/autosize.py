@@ -52,8 +52,8 @@ from .sizecache import CachedSizes, SizeCache, cache_key, device_key
 from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block, quick_trial_passes
 
 __all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key", "foreseen_saving_s",
-           "model_key", "pick",
-           "probe_block", "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner"]
+           "model_key", "pick", "probe_block", "quick_trial_passes", "recheck", "recheck_due", "search",
+           "trial_runner"]
 
 logger = logging.getLogger(__name__)
 
@@ -250,8 +250,8 @@ def foreseen_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, .
     The halo it saves (the region's computed voxels, :meth:`SizeProblem.computed_voxels`, at the
     fastest trial's block over those at ``block``), discounted by how much of the halo it saved the
     largest block timed so far gave against the block below it: on a CPU a larger block is slower per
-    voxel (unet12, 2 cores: 128x120x120 computes 0.80x the voxels of 128x240x240 per region but ran
-    only 4% slower, after a cold 15.3 s trial).
+    voxel (unet12, 2 cores: 128x240x240 computes 0.80x the voxels of 128x120x120 over the region but
+    ran its pipeline only 4% faster, after a cold 15.3 s trial).
     """
     fitting = sorted((t for t in trials if t.fits and t.batch_size == (problem.fixed_batch or 1)),
                      key=lambda t: t.block.prod())

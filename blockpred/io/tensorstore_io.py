@@ -112,9 +112,10 @@ class TensorstoreVolume(Volume):
     def _strict_for(self, index: tuple[slice, ...]) -> ts.TensorStore:
         """The same view of the same array, on which reading a missing chunk raises; opened by the first
         read, with :func:`read_cache` when that read cuts chunks of a volume opened for reading."""
-        with _opening:
-            if self._strict is None:
-                self._strict = self._open_strict(cached=not self.writable and not self._on_chunk_grid(index))
+        if self._strict is None:  # every block reads through here: the lock only until the handle is open
+            with _opening:
+                if self._strict is None:
+                    self._strict = self._open_strict(cached=not self.writable and not self._on_chunk_grid(index))
         return self._strict
 
     def _on_chunk_grid(self, index: tuple[slice, ...]) -> bool:
