@@ -21,7 +21,7 @@ become 0 and +inf 255 in uint8 (counted first, when asked).
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -48,11 +48,22 @@ def slabs(shape: tuple[int, ...]) -> Iterator[tuple[int, int, slice, slice]]:
                 yield b, c, z, y
 
 
-def normalized(raw: np.ndarray, scale: float, offset: float) -> np.ndarray:
-    """``raw`` (B, C, Z, Y, X, any dtype) as float32 ``x * scale + offset`` (``raw`` itself when nothing changes)."""
-    if raw.dtype == np.float32 and scale == 1.0 and offset == 0.0:
+def is_normalized(dtype: np.dtype, scale: float, offset: float) -> bool:
+    """Whether raw values of ``dtype`` are already what the network takes: float32, unscaled, unshifted."""
+    return np.dtype(dtype) == np.float32 and scale == 1.0 and offset == 0.0
+
+
+def normalized(raw: np.ndarray, scale: float, offset: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``raw`` (B, C, Z, Y, X, any dtype) as float32 ``x * scale + offset`` (``raw`` itself when nothing changes).
+
+    Into ``out`` (float32, ``raw``'s shape) when given, else a new array.
+    """
+    if is_normalized(raw.dtype, scale, offset):
         return raw
-    out = np.empty(raw.shape, dtype=np.float32)
+    if out is None:
+        out = np.empty(raw.shape, dtype=np.float32)
+    elif out.shape != raw.shape or out.dtype != np.float32:
+        raise ValueError(f"out must be float32 of shape {raw.shape}, got {out.dtype} of shape {out.shape}")
     scale32, offset32 = np.float32(scale), np.float32(offset)
     for b, c, z, rows in slabs(raw.shape):
         source, target = raw[b, c, z, rows], out[b, c, z, rows]
@@ -66,12 +77,14 @@ def normalized(raw: np.ndarray, scale: float, offset: float) -> np.ndarray:
 
 
 def after_network(values: np.ndarray, *, crop: tuple[slice, ...] | None, channels: Sequence[int] | None,
-                  output_dtype: np.dtype, counted: Sequence[tuple[slice, ...]] | None
+                  output_dtype: np.dtype, counted: Sequence[tuple[slice, ...]] | None,
+                  empty: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty
                   ) -> tuple[np.ndarray, np.ndarray | None]:
     """Crop ``values`` (B, C, Z, Y, X float32), keep ``channels``, count NaN/inf in ``counted``, convert.
 
     Returns the converted values (a new array, or ``values`` itself when
-    there is nothing to crop, select or convert) and, when ``counted`` names
+    there is nothing to crop, select or convert; a new one comes from
+    ``empty(shape, dtype)``, e.g. a pool's) and, when ``counted`` names
     a box per block (explicit bounds, in the cropped frame), the NaN/inf count
     of each block's box (int64), else None.
     """
@@ -85,7 +98,7 @@ def after_network(values: np.ndarray, *, crop: tuple[slice, ...] | None, channel
                 region = y[(b, slice(None)) + tuple(box)]
                 counts[b] = region.size - np.count_nonzero(np.isfinite(region))
         return y, counts
-    result = np.empty((y.shape[0], len(kept)) + y.shape[2:], dtype=output_dtype)
+    result = empty((y.shape[0], len(kept)) + y.shape[2:], output_dtype)
     buffer = np.empty(max(SLAB_ELEMENTS, y.shape[-1]), dtype=np.float32) if output_dtype == np.uint8 else None
     with np.errstate(over="ignore", invalid="ignore"):  # inf in a sum, float16 overflow: counted or intended
         for b, c, z, rows in slabs(result.shape):

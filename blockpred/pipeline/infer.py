@@ -48,7 +48,7 @@ import torch
 from ..config import COMPILE_MODES, MEMORY_FORMATS
 from ..errors import InvalidOptionError
 from ..hostmem import keep_freed_memory
-from .cpu_steps import after_network, normalized
+from .cpu_steps import after_network, is_normalized, normalized
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ _CAST_ONCE = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTr
 _UPLOADED = {np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "float16", "float32")}
 #: Threads converting the CPU network's outputs: two batches are in flight, so both can convert at once.
 AFTER_THREADS = 2
+_FLOAT32 = np.dtype(np.float32)
 _TORCH_OUTPUT_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float16"): torch.float16,
                         np.dtype("uint8"): torch.uint8}
 
@@ -144,26 +145,34 @@ class Pending:
             release()
 
 
-class _PinnedPool:
-    """Reusable page-locked host buffers, a few per (shape, dtype); the least recently used go first.
+class BufferPool:
+    """Reusable host buffers, a few per (shape, dtype); the least recently used shapes go first.
 
-    Buffers come back from writer threads (see :meth:`Pending.release`), so the pool is locked.
+    ``make(shape, dtype)`` makes a buffer when none of that key is free:
+    page-locked tensors for CUDA's copies, numpy arrays on the CPU, where a
+    fresh array costs its first touch (on a VM that hands freed pages back to
+    its host, about 3 ms per MB: more than the steps that fill it).  Buffers
+    come back from writer threads (see :meth:`Pending.release`), so the pool
+    is locked.  It holds at most what was in use at once.
     """
 
-    def __init__(self, max_keys: int = 8, per_key: int = 16):
-        self._free: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
+    def __init__(self, make, max_keys: int = 8, per_key: int = 16):
+        self._make = make
+        self._free: OrderedDict[tuple, list] = OrderedDict()
         self._max_keys, self._per_key = max_keys, per_key
         self._lock = threading.Lock()
 
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def take(self, shape: tuple[int, ...], dtype):
+        """A free buffer of ``shape`` and ``dtype`` (a torch dtype, or a :class:`numpy.dtype`, as buffers have)."""
+        key = (tuple(shape), dtype)
         with self._lock:
-            free = self._free.get((shape, dtype))
+            free = self._free.get(key)
             if free:
-                self._free.move_to_end((shape, dtype))
+                self._free.move_to_end(key)
                 return free.pop()
-        return torch.empty(shape, dtype=dtype, pin_memory=True)
+        return self._make(tuple(shape), dtype)
 
-    def give(self, buffer: torch.Tensor) -> None:
+    def give(self, buffer) -> None:
         key = (tuple(buffer.shape), buffer.dtype)
         with self._lock:
             free = self._free.setdefault(key, [])
@@ -172,6 +181,10 @@ class _PinnedPool:
                 free.append(buffer)
             while len(self._free) > self._max_keys:
                 self._free.popitem(last=False)
+
+
+def _pinned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
 def _upload_form(array: np.ndarray) -> np.ndarray:
@@ -235,6 +248,9 @@ class Predictor:
         self._cuda = device.type == "cuda"
         #: On the CPU, the network's thread and the thread of the steps after it (made at the first batch).
         self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        #: On the CPU, the normalised inputs and the converted outputs, reused from batch to batch (the arrays
+        #: of two batch shapes at most: a trial's shapes give way to the run's).
+        self._arrays = BufferPool(np.empty, max_keys=4)
         if self._cuda:
             allow_tf32 = precision == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
@@ -244,7 +260,7 @@ class Predictor:
             self._compute = torch.cuda.Stream(device)
             self._download = torch.cuda.Stream(device)
             self._compute.wait_stream(torch.cuda.current_stream(device))  # the weights' copies
-            self._pool = _PinnedPool()
+            self._pool = BufferPool(_pinned)
 
     def use_memory_format(self, memory_format: str) -> None:
         """Switch the weights and the activations to ``memory_format`` (not with ``compile``: it would recompile)."""
@@ -330,35 +346,70 @@ class Predictor:
         """Normalise here, then the network on a thread of its own and the steps after it on one of two others.
 
         The steps are numpy's (see :mod:`.cpu_steps`); the network gets a
-        tensor over the normalised array, without a copy.
+        tensor over the normalised array, without a copy.  The normalised
+        array goes back to the pool once the steps after the network are done
+        with it, and the converted one when :meth:`Pending.release` says so.
         """
         start = time.perf_counter()
-        raw = blocks[0][np.newaxis] if len(blocks) == 1 else np.stack(blocks)  # one block: no copy
-        x = torch.from_numpy(normalized(raw, steps.scale, steps.offset))
+        arrays = self._arrays
+        if len(blocks) == 1:
+            raw, stacked = blocks[0][np.newaxis], None  # one block: no copy
+        else:
+            raw = stacked = np.stack(blocks, out=arrays.take((len(blocks),) + blocks[0].shape, blocks[0].dtype))
+        owned = None
+        if not is_normalized(raw.dtype, steps.scale, steps.offset):
+            owned = normalized(raw, steps.scale, steps.offset, out=arrays.take(raw.shape, _FLOAT32))
+            if stacked is not None:
+                arrays.give(stacked)
+                stacked = None
+        x = torch.from_numpy(raw if owned is None else owned)
         before_s = time.perf_counter() - start
         if self._threads is None:
             self._threads = (ThreadPoolExecutor(1, thread_name_prefix="blockpred-network"),
                              ThreadPoolExecutor(AFTER_THREADS, thread_name_prefix="blockpred-after"))
         network = self._threads[0].submit(_timed, self.forward, x)
-        after = self._threads[1].submit(self._after_network, network, steps)
+        del x  # the network's thread holds the input only as long as the network runs
+        after = self._threads[1].submit(self._after_network, network, steps, owned if stacked is None else stacked)
 
         def finish() -> tuple[np.ndarray, float, float, np.ndarray | None]:
-            values, counts, seconds = after.result()
+            values, counts, seconds, _ = after.result()
             return values, before_s + seconds, 0.0, counts
 
-        return Pending(_finish=finish)
+        def release() -> None:
+            if after.exception() is None:
+                values, _, _, pooled = after.result()
+                if pooled:
+                    arrays.give(values)
 
-    def _after_network(self, network: Future, steps: DeviceSteps) -> tuple[np.ndarray, np.ndarray | None, float]:
-        out, network_s = network.result()  # the network's error, if any, is the batch's
+        return Pending(_finish=finish, _release=release)
+
+    def _after_network(self, network: Future, steps: DeviceSteps, owned: np.ndarray | None
+                       ) -> tuple[np.ndarray, np.ndarray | None, float, bool]:
+        """The steps after the network; ``owned``, the pool's input array, goes back unless the values use it.
+
+        Returns the values, the NaN/inf counts, the seconds of the network and
+        these steps, and whether the values are the pool's (a new array, not the
+        network's own output).
+        """
+        try:
+            out, network_s = network.result()  # the network's error, if any, is the batch's
+        except BaseException:
+            if owned is not None:
+                self._arrays.give(owned)
+            raise
         start = time.perf_counter()
         with torch.inference_mode():
             values = (out if out.dtype == torch.float32 else out.float()).numpy()
+        del out
         crop = None if steps.crop is None else tuple(steps.crop)
         cropped = values.shape[2:] if crop is None else values[(0, 0) + crop].shape
         counted = None if steps.counted is None else _explicit(steps.counted, cropped)
-        result, counts = after_network(values, crop=crop, channels=steps.channels,
-                                                 output_dtype=steps.output_dtype, counted=counted)
-        return result, counts, network_s + time.perf_counter() - start
+        result, counts = after_network(values, crop=crop, channels=steps.channels, output_dtype=steps.output_dtype,
+                                       counted=counted, empty=self._arrays.take)
+        pooled = not np.may_share_memory(result, values)
+        if owned is not None and not np.may_share_memory(result, owned):
+            self._arrays.give(owned)  # a network that returns (a view of) its input leaves it in the values
+        return result, counts, network_s + time.perf_counter() - start, pooled
 
     def _submit_cuda(self, blocks: Sequence[np.ndarray], steps: DeviceSteps) -> Pending:
         first = _upload_form(blocks[0])
