@@ -11,6 +11,15 @@ next pass: one 84x276x276 pass of ``tiny`` went from 1.15 s to 0.65 s on two
 cores, and a 12-feature U-Net's run from 7.2 s to 5.6 s.  The price is that the
 process keeps its peak memory until it exits (what a prediction holds anyway).
 It is set once per process, on Linux with glibc only; elsewhere it does nothing.
+
+Large numpy arrays on small pages.  numpy asks the kernel for transparent huge
+pages for every array of 4 MiB or more.  On a virtual machine whose host backs
+memory in small pages (this project's 2-core machine), a huge page's first
+touch costs 4-5x as much per MB as small pages' (61-69 ms against 13-14 ms for
+16 MiB): the first blocks of a run spent more on it than on their steps.  The
+host path streams its arrays (normalise, convert, copy: no random access), so
+huge pages buy nothing there.  :func:`keep_freed_memory` turns numpy's request
+off too, in the same process-wide way (torch's CPU allocator makes none).
 """
 
 from __future__ import annotations
@@ -36,7 +45,18 @@ def keep_freed_memory() -> bool:
     with _lock:
         if _applied is None:
             _applied = _set_thresholds()
+            _small_pages_for_numpy()
         return _applied
+
+
+def _small_pages_for_numpy() -> None:
+    """numpy's arrays of 4 MiB and more without ``madvise(MADV_HUGEPAGE)`` (see the module's docstring)."""
+    import numpy as np
+
+    multiarray = getattr(getattr(np, "_core", None), "multiarray", None) or getattr(np.core, "multiarray", None)
+    switch = getattr(multiarray, "_set_madvise_hugepage", None)
+    if switch is not None:
+        switch(False)
 
 
 def _set_thresholds() -> bool:
