@@ -22,7 +22,10 @@ block).  ``--workers 2`` runs two dask workers, two stand-ins: two GPUs.
 
 ``--workers 0`` is the default command (in process).  A round 0 fills a
 private size cache first (its measuring is not timed); then rounds alternate
-N and 4N, and the medians are reported.
+N and 4N, and the medians are reported.  Each run writes a new output, as a
+first run does: the last round's output (and its markers) is deleted before
+the command starts, untimed.  (Replacing it with ``--overwrite`` would put the
+deletion of 4N's old output, four times N's, into the difference above.)
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 from datetime import date
 from pathlib import Path
@@ -86,7 +90,10 @@ def main() -> None:
         runs = {"N": [], "4N": []}
         for round_ in range(args.rounds + 1):  # round 0 measures the defaults into the cache: not counted
             for name in ("N", "4N"):
-                result = run(volumes[name], str(root / f"out-{name}.zarr"), args, workers, cache)
+                output = root / f"out-{name}.zarr"
+                for old in (output, output.with_name(output.name + ".blockpred")):
+                    shutil.rmtree(old, ignore_errors=True)
+                result = run(volumes[name], str(output), args, workers, cache)
                 if round_:
                     runs[name].append(result)
                 print(f"{label} round {round_} {name}: {result['wall_s']:.2f} s wall, pipeline "
