@@ -12,7 +12,8 @@ Short trial passes on the device decide, never a formula:
    than 10% slower than the best), or the trials have taken a minute; if the
    default itself does not fit it steps down until one does.
 3. For the largest blocks that fit (the measured defaults' coarse search: the
-   fastest and the largest), the batch doubles while it fits and pays.
+   fastest and the largest, while a call costs enough beyond its voxels for a
+   batch to save more than its trial), the batch doubles while it fits and pays.
 4. The fastest (block, batch) wins, by Mvox/s over the region to predict:
    its voxels per second of the passes that would tile it.  Larger blocks
    waste less on the halo, until the device is full or the blocks overhang
@@ -51,8 +52,8 @@ from .pipeline import Predictor, is_out_of_memory
 from .sizecache import CachedSizes, SizeCache, cache_key, device_key
 from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block, quick_trial_passes
 
-__all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key", "foreseen_saving_s",
-           "model_key", "pick", "probe_block", "quick_trial_passes", "recheck", "recheck_due", "search",
+__all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key",
+           "foreseen_batch_saving_s", "foreseen_saving_s", "model_key", "pick", "probe_block", "quick_trial_passes", "recheck", "recheck_due", "search",
            "trial_runner"]
 
 logger = logging.getLogger(__name__)
@@ -219,6 +220,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             batch_size = 2
             while (batch_size <= min(problem.max_batch, blocks_in_region)
                    and not out_of_time(block, batch_size)):
+                if coarse and foreseen_batch_saving_s(problem, trials, block, batch_size) < foreseen_s(block, batch_size):
+                    break  # the trial would cost more than the batch may save in this run
                 trial = attempt(block, batch_size)
                 if not trial.fits or score(trial) < best * 1.02:
                     break  # does not fit, or a bigger batch no longer pays
@@ -267,6 +270,32 @@ def foreseen_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, .
             gain **= min(1.0, math.log(max(score(largest) / score(below), 1e-9)) / math.log(foreseen))
     run_s = problem.roi.size / (score(best) * 1e6)
     return run_s * (1 - 1 / gain)
+
+
+def foreseen_batch_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], block: Coord,
+                            batch_size: int) -> float:
+    """Seconds a batch of ``batch_size`` at ``block`` may save over the region against half that batch.
+
+    A batch saves what a call costs beyond its voxels, once per call it saves: the intercept of the
+    seconds of a pass against its input voxels, through ``block``'s pass and the nearest other block
+    timed at batch 1 (the one below, else the one above).  A device that computes a pass in proportion
+    to its voxels gains nothing by batching it (tiny on 2 CPU cores over 63 Mvox: 64^3, 128x118x118 and
+    128x236x236 gave a call 0.08 s beyond its voxels, 0.35 s over the region's 9 blocks, and a batch of
+    two 128x236x236 blocks took a 3-4 s trial of a 35 s first run to lose).  Infinite while no two blocks
+    were timed: the trial decides.
+    """
+    single = sorted((t for t in trials if t.fits and t.batch_size == 1), key=lambda t: t.block.prod())
+    at = next((t for t in single if t.block == block), None)
+    others = [t for t in single if t.block != block]
+    if at is None or not others:
+        return math.inf
+    below = [t for t in others if t.block.prod() < block.prod()]
+    other = below[-1] if below else others[0]
+    voxels, other_voxels = problem.input_shape(block).prod(), problem.input_shape(other.block).prod()
+    slope = (at.seconds_per_pass - other.seconds_per_pass) / (voxels - other_voxels)
+    per_call = at.seconds_per_pass - slope * voxels
+    calls_saved = -(-problem.blocks_over_region(block).prod() // batch_size)
+    return max(0.0, per_call) * calls_saved
 
 
 #: An untimed block wins only where its estimate beats the fastest timed one by this factor.
