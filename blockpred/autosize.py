@@ -53,8 +53,8 @@ from .sizecache import CachedSizes, SizeCache, cache_key, device_key
 from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block, quick_trial_passes
 
 __all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key",
-           "foreseen_batch_saving_s", "foreseen_saving_s", "model_key", "pick", "probe_block", "quick_trial_passes", "recheck", "recheck_due", "search",
-           "trial_runner"]
+           "foreseen_batch_saving_s", "foreseen_saving_s", "model_key", "pick", "probe_block",
+           "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner"]
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             batch_size = 2
             while (batch_size <= min(problem.max_batch, blocks_in_region)
                    and not out_of_time(block, batch_size)):
-                if coarse and foreseen_batch_saving_s(problem, trials, block, batch_size) < foreseen_s(block, batch_size):
+                saving = foreseen_batch_saving_s(problem, trials, block, batch_size) if coarse else math.inf
+                if saving < foreseen_s(block, batch_size):
                     break  # the trial would cost more than the batch may save in this run
                 trial = attempt(block, batch_size)
                 if not trial.fits or score(trial) < best * 1.02:

@@ -150,8 +150,9 @@ class BufferPool:
 
     ``make(shape, dtype)`` makes a buffer when none of that key is free:
     page-locked tensors for CUDA's copies, numpy arrays on the CPU, where a
-    fresh array costs its first touch (on a VM that hands freed pages back to
-    its host, about 3 ms per MB: more than the steps that fill it).  Buffers
+    fresh array costs its first touch (on this project's 2-core VM, 13-14 ms
+    for 16 MiB on small pages, 61-69 ms on huge ones: more than the steps
+    that fill it; see :mod:`blockpred.hostmem`).  Buffers
     come back from writer threads (see :meth:`Pending.release`), so the pool
     is locked.  It holds at most what was in use at once.
     """
