@@ -132,7 +132,8 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
            max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False,
-           known: tuple[Trial, ...] = (), untimed: bool = True, trial_passes: int = 2) -> SizeChoice:
+           known: tuple[Trial, ...] = (), untimed: bool = True, trial_passes: int = 2,
+           clock: Callable[[], float] = time.perf_counter) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
     No trial starts that would end after ``max_total_s`` (its time is
@@ -145,12 +146,13 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     ``known``: trials already run (the caller timed them, or an earlier search cut short by its
     time): taken as they are, not run again; a known pass foresees a trial of ``trial_passes``
     passes.  The choice is not ``complete`` when the time ended the search after it ran a trial:
-    one that ran none could not go further at this time either.
+    one that ran none could not go further at this time either.  ``clock``: the seconds the search
+    reads its time from (a test's clock moves with the trials it runs, not with the machine's load).
     """
     candidates = problem.candidates(coarse)
     batch = problem.fixed_batch or 1
     trials: list[Trial] = []
-    started = time.perf_counter()
+    started = clock()
     last: list[tuple[float, float]] = []  # (voxels of a pass, seconds the trial took), of the last trial
     cut_short, ran = False, []
     already = {(t.block, t.batch_size): t for t in known}
@@ -166,19 +168,19 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         nonlocal cut_short
         if (block, batch_size) in already:
             return False  # known: costs nothing
-        over = time.perf_counter() - started + foreseen_s(block, batch_size) > max_total_s
+        over = clock() - started + foreseen_s(block, batch_size) > max_total_s
         cut_short = cut_short or over
         return over
 
     def attempt(block: Coord, batch_size: int) -> Trial:
-        begin = time.perf_counter()
+        begin = clock()
         trial = already.get((block, batch_size))
         if trial is None:
             trial = run(block, batch_size)
             ran.append(trial)
         # A known trial's time foresees a trial's passes (a warm-up and a timed one on a GPU, see trial_runner).
         took = (trial_passes * trial.seconds_per_pass if (block, batch_size) in already
-                else time.perf_counter() - begin)
+                else clock() - begin)
         last[:] = [(problem.input_shape(block).prod() * batch_size, took)]
         trials.append(trial)
         logger.info("trial block %s batch %d: %s%s", "x".join(map(str, block)), batch_size, trial.outcome,
@@ -385,15 +387,16 @@ def merge_trials(old: list[Trial] | tuple[Trial, ...], new: list[Trial] | tuple[
 
 
 def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: CachedSizes, *, max_total_s: float,
-            known: tuple[Trial, ...] = (), trial_passes: int = 2) -> tuple[list[Trial], bool]:
+            known: tuple[Trial, ...] = (), trial_passes: int = 2,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[list[Trial], bool]:
     """The cached trials with their winner and runner-up timed again by ``run`` (those not in ``known``,
     which the caller just timed), each merged with its earlier timing (:func:`merge_trials`).
 
     No trial starts that is foreseen to end after ``max_total_s``: ``trial_passes`` passes, scaled by
     input voxels from the last pass timed now (the cached timing when none is: it may be the busy one).
-    Returns the trials and whether every contender was timed.
+    Returns the trials and whether every contender was timed.  ``clock`` as in :func:`search`.
     """
-    started, timings = time.perf_counter(), list(known)
+    started, timings = clock(), list(known)
     timed_now = {(t.block, t.batch_size) for t in known}
     work = lambda t: problem.input_shape(t.block).prod() * t.batch_size  # noqa: E731
     finished = True
@@ -402,7 +405,7 @@ def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: Ca
             continue
         base = next((t for t in reversed(timings) if t.fits), trial)
         foreseen = trial_passes * base.seconds_per_pass * work(trial) / work(base)
-        if time.perf_counter() - started + foreseen > max_total_s:
+        if clock() - started + foreseen > max_total_s:
             finished = False
             break
         timings.append(run(trial.block, trial.batch_size))

@@ -8,7 +8,6 @@ whether a run measured (trial passes on random data) or not.
 
 import dataclasses
 import json
-import time
 
 import numpy as np
 import pytest
@@ -118,27 +117,22 @@ def test_a_choice_timed_on_a_busy_machine_is_timed_again_by_the_next_run_and_cor
     assert last.defaults.how == "cached" and last.defaults.batch_size == 2
 
 
-def test_a_cached_choice_is_timed_again_once_and_while_its_lead_is_thin(monkeypatch):
-    import types
-
-    import blockpred.autosize as autosize
-
+def test_a_cached_choice_is_timed_again_once_and_while_its_lead_is_thin():
     problem = _quick_problem()
-    clock, tried = [0.0], []
-    monkeypatch.setattr(autosize, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    clock, tried = TrialClock(), []
     quiet = {16: 1e-6, 32: 0.5e-6, 64: 0.45e-6}  # seconds per input voxel on a quiet machine: 64^3 wins
 
     def run(block: Coord, batch: int) -> Trial:
         tried.append(block[0])
         trial = _timed(block[0], quiet[block[0]])
-        clock[0] += 2 * trial.seconds_per_pass
+        clock.sleep(2 * trial.seconds_per_pass)
         return trial
 
     busy = [_timed(16, 1e-6), _timed(32, 0.5e-6), _timed(64, 0.9e-6)]  # 64^3 timed while the machine was busy
     once = CachedSizes(busy, complete=True, checks=1)
     assert pick(problem, busy).block == Coord((32, 32, 32))
     assert recheck_due(problem, once)  # every cached search is measured by a second run
-    trials, finished = recheck(problem, run, once, max_total_s=10.0)
+    trials, finished = recheck(problem, run, once, max_total_s=10.0, clock=clock)
     assert finished and sorted(tried) == [32, 64]  # the winner and the runner-up, nothing else
     assert pick(problem, trials).block == Coord((64, 64, 64))  # each configuration keeps its fastest timing
     assert {t.block[0]: t.seconds_per_pass for t in trials}[64] == _timed(64, 0.45e-6).seconds_per_pass
@@ -152,29 +146,25 @@ def test_a_cached_choice_is_timed_again_once_and_while_its_lead_is_thin(monkeypa
 
     tried.clear()
     # 32^3 foreseen from its cached pass (0.06 s); then 64^3 from that fresh 32^3 pass by voxels (0.37 s more).
-    trials, finished = recheck(problem, run, once, max_total_s=0.3)
+    trials, finished = recheck(problem, run, once, max_total_s=0.3, clock=clock)
     assert tried == [32] and not finished  # the next run that may measure times it again
 
 
-def test_a_search_cut_short_goes_on_from_its_trials_and_is_done_when_time_allows_no_new_one(monkeypatch):
+def test_a_search_cut_short_goes_on_from_its_trials_and_is_done_when_time_allows_no_new_one():
     import dataclasses
-    import types
-
-    import blockpred.autosize as autosize
 
     problem = dataclasses.replace(_quick_problem(), fixed_batch=1)
-    clock, tried = [0.0], []
-    monkeypatch.setattr(autosize, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    clock, tried = TrialClock(), []
 
     def run(block: Coord, batch: int) -> Trial:  # a pass takes 1 us per input voxel of the search's clock
         tried.append(block)
         trial = _timed(block[0], 1e-6)
-        clock[0] += 2 * trial.seconds_per_pass  # a warm-up pass and a timed one, as trial_runner's quick trials
+        clock.sleep(2 * trial.seconds_per_pass)  # a warm-up pass and a timed one, as trial_runner's quick trials
         return trial
 
-    first = search(problem, run, max_total_s=0.2, coarse=True, known=(_timed(16, 1e-6),))  # 32^3: 0.13 s
-    again = search(problem, run, max_total_s=0.8, coarse=True, known=first.trials)  # 64^3: 0.75 s more
-    stuck = search(problem, run, max_total_s=0.8, coarse=True, known=again.trials)  # 128^3 would take 5 s
+    first = search(problem, run, max_total_s=0.2, coarse=True, known=(_timed(16, 1e-6),), clock=clock)  # 32^3: 0.13 s
+    again = search(problem, run, max_total_s=0.8, coarse=True, known=first.trials, clock=clock)  # 64^3: 0.75 s more
+    stuck = search(problem, run, max_total_s=0.8, coarse=True, known=again.trials, clock=clock)  # 128^3 would take 5 s
     assert tried == [Coord((32, 32, 32)), Coord((64, 64, 64))]  # no trial ran twice across the three
     assert not first.complete and not again.complete
     assert stuck.complete and stuck.trials == again.trials  # no time for a new trial: done
@@ -252,17 +242,15 @@ def test_the_quick_search_starts_no_trial_it_foresees_ending_past_its_time():
     problem = SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((4, 4, 4)), context=Coord((0, 0, 0)),
                           input_extra=Coord((0, 0, 0)), step=Coord((8, 8, 8)), base_block=Coord((16, 16, 16)),
                           roi=Box(Coord((0, 0, 0)), Coord((256, 256, 256))), fixed_batch=1)
-    tried = []
+    tried, clock = [], TrialClock()
 
     def run(block: Coord, batch: int) -> Trial:
         tried.append(block)
         seconds = problem.input_shape(block).prod() * batch * 1e-5
-        import time
-
-        time.sleep(seconds)
+        clock.sleep(seconds)
         return Trial(block, batch, "ok", block.prod() * batch / seconds / 1e6, seconds)
 
-    choice = search(problem, run, max_total_s=1.0, coarse=True)
+    choice = search(problem, run, max_total_s=1.0, coarse=True, clock=clock)
     # 24^3 takes 0.14 s, 40^3 0.64 s; 72^3 would take 3.7 s more: not started.
     assert tried == [Coord((16, 16, 16)), Coord((32, 32, 32))]
     # Not timed, but chosen: 64 blocks of 72^3 compute 23.9 M input voxels over the region, 512 of 40^3 32.8 M.
@@ -283,9 +271,10 @@ def test_a_known_trial_foresees_a_trial_of_two_passes_a_warm_up_and_a_timed_one(
 
     known = run(Coord((16, 16, 16)), 1)  # 24^3: 0.014 s a pass; 32^3's input 40^3: 0.064 s, a trial 0.128 s
     tried.clear()
-    assert search(problem, run, max_total_s=0.1, coarse=True, known=(known,)).estimated  # 32^3, untimed
+    # 32^3, untimed
+    assert search(problem, run, max_total_s=0.1, coarse=True, known=(known,), clock=TrialClock()).estimated
     assert tried == []  # 0.064 s would fit 0.1 s; the 0.128 s a trial takes does not
-    search(problem, run, max_total_s=0.2, coarse=True, known=(known,))
+    search(problem, run, max_total_s=0.2, coarse=True, known=(known,), clock=TrialClock())
     assert tried[0] == Coord((32, 32, 32))
 
 
@@ -320,17 +309,17 @@ def test_the_quick_search_tries_no_batch_whose_trial_costs_more_than_a_batch_may
     """On a CPU a pass takes time in proportion to its voxels: a batch saves only the little a call costs
     beyond them (tiny over 63 Mvox on 2 cores: 0.35 s over the region, for a 3-4 s trial of two blocks)."""
     problem = _quick_problem()
-    tried = []
+    tried, clock = [], TrialClock()
 
-    def run(block: Coord, batch: int) -> Trial:  # a call's cost plus the input's voxels, slept
+    def run(block: Coord, batch: int) -> Trial:  # a call's cost plus the input's voxels, on the trials' clock
         tried.append((block[0], batch))
         if block[0] > 128:
             return Trial(block, batch, "out of memory")
         seconds = per_call_s + problem.input_shape(block).prod() * batch * 2e-9
-        time.sleep(seconds)
+        clock.sleep(seconds)
         return Trial(block, batch, "ok", block.prod() * batch / seconds / 1e6, seconds)
 
-    choice = search(problem, run, max_total_s=60.0, coarse=True, untimed=False, trial_passes=1)
+    choice = search(problem, run, max_total_s=60.0, coarse=True, untimed=False, trial_passes=1, clock=clock)
     # 128^3 is the fastest and the largest (8 blocks over the region).  cpu-like: a batch of 2 may save
     # 4 calls x 2 ms, its trial takes ~0.014 s.  gpu-like: 4 calls x 0.1 s against a ~0.21 s trial.
     assert [size for size, _ in tried if size < 256] == [16, 32, 64, 128] + ([128] if batched else [])
@@ -340,15 +329,15 @@ def test_the_quick_search_tries_no_batch_whose_trial_costs_more_than_a_batch_may
 
 def test_the_quick_search_tries_no_larger_block_whose_trial_costs_more_than_it_may_save():
     problem = dataclasses.replace(_quick_problem(), fixed_batch=1)
-    tried = []
+    tried, clock = [], TrialClock()
 
-    def run(block: Coord, batch: int) -> Trial:  # seconds in proportion to the input's voxels, slept
+    def run(block: Coord, batch: int) -> Trial:  # seconds in proportion to the input's voxels, on the trials' clock
         tried.append(block[0])
         seconds = problem.input_shape(block).prod() * 4e-8
-        time.sleep(seconds)
+        clock.sleep(seconds)
         return Trial(block, batch, "ok", block.prod() / seconds / 1e6, seconds)
 
-    choice = search(problem, run, max_total_s=60.0, coarse=True, untimed=False, trial_passes=1)
+    choice = search(problem, run, max_total_s=60.0, coarse=True, untimed=False, trial_passes=1, clock=clock)
     # 128^3 computes 0.79x the voxels of 64^3 over the region: ~0.2 s saved for a 0.1 s trial.  256^3
     # (one block) computes 0.93x those of 128^3: ~0.05 s saved for a 0.7 s trial: not tried.
     assert tried == [16, 32, 64, 128] and choice.block == Coord((128, 128, 128))
@@ -377,6 +366,20 @@ def test_the_foreseen_saving_counts_the_halo_saved_discounted_by_what_the_last_l
     # A larger block that gave nothing: nothing foreseen.
     flat = [trial(32, 1e-8), trial(64, 1e-8 * computed(Coord((32, 32, 32))) / computed(Coord((64, 64, 64))))]
     assert foreseen_saving_s(problem, flat, Coord((128, 128, 128))) == pytest.approx(0.0, abs=1e-12)
+
+
+class TrialClock:
+    """The search's clock, moved only by the trials that "sleep" on it: what the search decides from the
+    time its trials took does not hang on how loaded the machine running the suite is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def _quick_problem() -> SizeProblem:
