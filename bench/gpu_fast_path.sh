@@ -96,13 +96,14 @@ for k in range(0, 220, 55): z[k:k + 55] = rng.integers(0, 255, (min(55, 220 - k)
 EOF
     # The default (in this process, one GPU) against one dask GPU worker (its pipeline kept across tasks),
     # and the same worker with glibc's arenas limited to one (CPU workers get MALLOC_ARENA_MAX=1).
-    for mode in "" "--workers 1" "arena1 --workers 1"; do
-      arena=""
-      case "$mode" in arena1*) arena="MALLOC_ARENA_MAX=1"; mode="${mode#arena1 }" ;; esac
-      log "== blockpred run cremi2018 bf16 $SEED $mode $arena"
+    # "auto": the default precision (bf16 after the first block's check against fp32, see blockpred/precision.py).
+    for mode in "auto" "" "--workers 1" "arena1 --workers 1"; do
+      arena="" precision="--precision bf16"
+      case "$mode" in arena1*) arena="MALLOC_ARENA_MAX=1"; mode="${mode#arena1 }" ;; auto) precision="" mode="" ;; esac
+      log "== blockpred run cremi2018 ${precision:-precision auto} $SEED $mode $arena"
       start=$SECONDS
       env $arena timeout ${LOCAL_LIMIT:-200} python3 -m blockpred run /tmp/bp-in.zarr /tmp/bp-out.zarr --model cremi2018 $SEED \
-        --precision bf16 --device cuda $mode --overwrite >> "$OUT/log.txt" 2>&1 || log "   exit $?"
+        $precision --device cuda $mode --overwrite >> "$OUT/log.txt" 2>&1 || log "   exit $?"
       log "   $((SECONDS - start)) s"
     done
     ;;

@@ -26,6 +26,8 @@ from .io.stores import StorageOptions
 from .padding import PAD_MODES
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+#: A run's precisions: ``auto`` chooses one of :data:`PRECISIONS` per device (see :mod:`blockpred.precision`).
+RUN_PRECISIONS = ("auto",) + PRECISIONS
 MISSING_CHUNKS = ("warn", "error")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 MEMORY_FORMATS = ("contiguous", "channels_last")
@@ -56,7 +58,9 @@ class RunConfig:
     downsampling: Coord | None = None
     #: "auto" (first CUDA device, else CPU), "cpu", "cuda" or "cuda:N".
     device: str = "auto"
-    precision: str = "fp32"
+    #: fp32, tf32, fp16, bf16, or auto: bf16 (fp16 before Ampere) on CUDA where the first block's output at
+    #: it is close to fp32's, else tf32; fp32 on the CPU (see :mod:`blockpred.precision`).
+    precision: str = "auto"
     #: Blocks per forward pass; "auto": the fastest that fits, found by trial passes; None: measured
     #: with the block (see :mod:`blockpred.defaults`), else 1.
     batch_size: int | str | None = None
@@ -290,8 +294,8 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "output_dtype":
         return parse_output_dtype(value)
     if name == "precision":
-        if str(value) not in PRECISIONS:
-            raise InvalidOptionError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
+        if str(value) not in RUN_PRECISIONS:
+            raise InvalidOptionError(f"precision must be one of {', '.join(RUN_PRECISIONS)}, got {value!r}")
         return str(value)
     if name == "missing_chunks":
         return _choice(value, name, MISSING_CHUNKS)

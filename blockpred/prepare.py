@@ -26,7 +26,7 @@ from .blocking import BlockPlan, small_block_warning
 from .config import RunConfig, make_config
 from .defaults import Defaults
 from .errors import InvalidOptionError, ModelLoadError, OutputExistsError
-from .geometry import Coord
+from .geometry import Box, Coord
 from .io import VolumePath, check_input_volume, identity, parse_volume_path, volume_exists
 from .job import ModelSpec
 from .jobqueue import job_settings
@@ -37,7 +37,9 @@ from .memformat import FormatChoice
 from .models.bioimageio import is_package
 from .models.planes import check_halo
 from .output import check_inodes, check_place_free
-from .pipeline import PipelineSettings, Predictor, resolve_device
+from .padding import read_padded
+from .pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
+from .precision import AUTO, FALLBACK, PrecisionCheck, auto_precision, check_precision
 from .runlayout import Layout, check_channels, choose_format, network_downsampling, start_format, plan_layout
 
 logger = logging.getLogger(__name__)
@@ -190,6 +192,9 @@ class Prepared:
     masked: np.ndarray | None = None
     #: What ``memory_format="auto"`` (or the measured default) chose (None when a layout was named).
     format_choice: FormatChoice | None = None
+    #: What ``precision="auto"`` chose and why (the first block's check), "" when a precision was named or
+    #: auto meant fp32 on the CPU.
+    precision_note: str = ""
 
     @property
     def memory_format(self) -> str:
@@ -269,19 +274,39 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                                  "layout: --memory-format contiguous or channels_last")
     from .models.tta import with_tta
 
-    predictor = Predictor(with_tta(model.module, cfg.tta), device, cfg.precision, compile=cfg.compile,
-                          memory_format=start_format(cfg))
+    module = with_tta(model.module, cfg.tta)
+    jobs = job_settings(cfg, 1)
+    precision, precision_note = _start_precision(cfg, device, jobs)
+    predictor = Predictor(module, device, precision, compile=cfg.compile, memory_format=start_format(cfg))
+    checks: list[PrecisionCheck] = []
+
+    def check_precision_on_first_block(geometry, halo: Coord) -> None:
+        """``--precision auto`` at a low precision: the start block at the ROI's first corner, at it and at fp32."""
+        if cfg.precision != AUTO or predictor.precision in ("fp32", FALLBACK):
+            return
+        box = Box.from_shape(geometry.input_shape, roi.begin - halo - geometry.context)
+        sample = read_padded(source, box, cfg.pad_mode, cfg.pad_value)
+        scale, offset = cfg.normalize.scale_offset(source.dtype)
+        check = check_precision(predictor, module, sample if source.num_channels else sample[None],
+                                DeviceSteps(scale=scale, offset=offset))
+        if not check.passed:
+            logger.warning("%s", check.warning())
+            predictor.use_precision(check.precision)
+        checks.append(check)
+
     resume_block = None
     if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
     # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
     finished = previous.finished() if previous is not None and not cfg.overwrite else None
     todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
-    jobs = job_settings(cfg, 1)
     if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
-                         todo_share=todo_share)
+                         todo_share=todo_share, after_dry_run=check_precision_on_first_block)
+    if checks:
+        precision_note = str(checks[0])
+    cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
     plan, geometry, output = layout.plan, layout.geometry, layout.output
     step = block_step(network_downsampling(cfg, model), cfg.output_chunks, cfg.shards)
     warnings = [small_block_warning(plan, step),
@@ -314,7 +339,23 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         # Asked for, or left to blockpred in a run that asked for size trials (--block/--batch-size auto).
         format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape))
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
-                    resumed, previous, masked, format_choice)
+                    resumed, previous, masked, format_choice, precision_note)
+
+
+def _start_precision(cfg: RunConfig, device, jobs) -> tuple[str, str]:
+    """The precision the predictor starts at, and what the summary says of ``auto`` before any check.
+
+    ``auto`` on a machine without CUDA whose blocks run on GPUs (jobs with GPUs, or a cluster joined with
+    ``--device cuda``): the first block cannot be compared here, so tf32, which needs no check.
+    """
+    if cfg.precision != AUTO:
+        return cfg.precision, ""
+    gpu_workers = (jobs is not None and jobs.gpus_per_job) or (
+        str(cfg.device).startswith("cuda") and (cfg.scheduler is not None or cfg.cluster is not None))
+    if device.type == "cpu" and gpu_workers:
+        return FALLBACK, (f"{FALLBACK} (auto: this machine has no CUDA device to compare bf16 with fp32 on; "
+                          f"--precision bf16 runs bf16 unchecked)")
+    return auto_precision(device), ""
 
 
 #: A run estimated longer than this (seconds) says so before it starts.

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -85,8 +86,13 @@ class Layout:
 
 
 def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
-                target_path: VolumePath, measure: bool = True, todo_share: float = 1.0) -> Layout:
-    """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run."""
+                target_path: VolumePath, measure: bool = True, todo_share: float = 1.0,
+                after_dry_run: Callable[[NetworkGeometry, Coord], None] | None = None) -> Layout:
+    """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run.
+
+    ``after_dry_run(geometry, halo)`` runs once the start block's dry run is done, before anything is measured
+    (``--precision auto``'s check, which may change the predictor's precision).
+    """
     downsampling = network_downsampling(cfg, model)
     auto_block = cfg.block == "auto"
     start_block = resume_block if cfg.block in ("auto", None) and resume_block is not None else (
@@ -128,6 +134,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
             geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
                                      downsampling=downsampling)
     dry_run_s = time.perf_counter() - started
+    if after_dry_run is not None:
+        after_dry_run(geometry, halo)
     batch_size, sizing, defaults, format_choice = cfg.batch_size, None, None, None
     if not searching and batch_size != "auto" and (
             cfg.block is None or batch_size is None or (cfg.memory_format is None and cfg.compile == "off")):
@@ -281,7 +289,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         from .scheduler import run_on_a_worker
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
-        choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, cfg.precision,
+        choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, predictor.precision,
                                  cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only)
     logger.info("sizes: %s", choice)
     return choice
@@ -318,7 +326,7 @@ def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tupl
         from .scheduler import run_on_a_worker
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
-        choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, cfg.precision,
+        choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, predictor.precision,
                                  batch_shape, key, repeats, cached_only, quick)
         if choice is not None:
             predictor.use_memory_format(choice.memory_format)

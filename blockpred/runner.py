@@ -79,6 +79,10 @@ class PredictionSummary:
     pipeline_time: float | None = None
     #: The planes a 2D network ran on (``yx``, ``zy``, ``zx``), None for a 3D network.
     plane: str | None = None
+    #: The precision the blocks ran at, and what ``precision="auto"`` chose it by ("" when named, or fp32 on
+    #: the CPU): the first block's check against fp32 (see :mod:`blockpred.precision`).
+    precision: str = ""
+    precision_note: str = ""
 
     @property
     def started_s(self) -> float | None:
@@ -102,6 +106,8 @@ class PredictionSummary:
     def __str__(self) -> str:
         s = self.stats
         lines = [f"chosen: {self.defaults}"] if self.defaults is not None else []
+        if self.precision_note:
+            lines.append(f"precision: {self.precision_note}")
         if self.sizing is not None and self.defaults is None:
             lines.append(f"auto size: {self.sizing}")
         if self.memory_format is not None and (self.defaults is None or self.defaults.memory_format is None):
@@ -149,6 +155,7 @@ class PredictionSummary:
             "planes_per_s": None if self.plane is None else round(self.planes_per_s, 3),
             "started_s": None if self.started_s is None else round(self.started_s, 3),
             "block": list(self.plan.block_shape), "halo": list(self.plan.halo), "batch_size": self.batch_size,
+            "precision": self.precision or None, "precision_note": self.precision_note or None,
             "output_dtype": self.output_dtype,
             "chosen": None if self.defaults is None else str(self.defaults),
             "stages_s": {name: round(getattr(s, f"{name}_s"), 3) for name in ("read", "transfer", "compute", "write")},
@@ -228,7 +235,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
             markers = create_output(p, source, owner=lock.token)
             owned.callback(markers.close)  # before the lock goes: its logs closed in this process
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
-                  device=cfg.device, precision=cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
+                  device=cfg.device, precision=p.cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
                   skip_empty=cfg.skip_empty, tta=cfg.tta)
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
@@ -240,7 +247,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
         logger.warning("%s", warning)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
                                pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time,
-                               plane=p.model.plane)
+                               plane=p.model.plane, precision=p.cfg.precision, precision_note=p.precision_note)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
@@ -272,7 +279,7 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
     if assume_mvox_per_s is not None:
         throughput = Throughput(float(assume_mvox_per_s), "assumed")
     else:
-        throughput = ThroughputLog().get(model_key_of(cfg, p.model), cfg.precision)
+        throughput = ThroughputLog().get(model_key_of(cfg, p.model), p.cfg.precision)
     num_masked = int(masked.sum())
     pyramid: tuple = ()
     if cfg.pyramid:
@@ -280,7 +287,7 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
 
         levels = plan_levels(volume_shape, voxel_size, cfg.pyramid, p.layout.output.chunks, p.layout.output.shards)
         pyramid = tuple(level.shape for level in levels[1:])
-    return RunPlan(str(source_path), str(target_path), p.model.name, str(p.predictor.device), cfg.precision,
+    return RunPlan(str(source_path), str(target_path), p.model.name, str(p.predictor.device), p.cfg.precision,
                    volume_shape, dtype, block_plan, p.settings.batch_size, p.out_channels, cfg.output_dtype.name,
                    p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
                    voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus),

@@ -242,3 +242,45 @@ class SlowToLoad(torch.nn.Module):
 
 def slow_to_load(claim_dir: str, delay_s: float = 0.0, hold_while: str | None = None) -> SlowToLoad:
     return SlowToLoad(claim_dir, delay_s, hold_while)
+
+
+class Cancelling(torch.nn.Module):
+    """A 'same' network of one channel that adds 1000 in one convolution and takes it away in the next:
+    the identity at fp32, nearly nothing at bf16 (whose spacing at 1000 is 4), a network whose numbers
+    do not survive a low precision."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_channels = self.out_channels = 1
+        self.up, self.down = torch.nn.Conv3d(1, 1, 1), torch.nn.Conv3d(1, 1, 1)
+        with torch.no_grad():
+            self.up.weight.fill_(1.0), self.up.bias.fill_(1000.0)
+            self.down.weight.fill_(1.0), self.down.bias.fill_(-1000.0)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+def cancelling() -> Cancelling:
+    return Cancelling()
+
+
+class Smooth(torch.nn.Module):
+    """A 'same' network of two channels, a 3x3x3 convolution with seeded weights and a sigmoid: numbers
+    a low precision keeps (bf16 differs from fp32 by well under a percent)."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_channels, self.out_channels = 1, 2
+        self.conv = torch.nn.Conv3d(1, 2, 3, padding=1)
+        seeded = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.randn(self.conv.weight.shape, generator=seeded) / 5)
+            self.conv.bias.copy_(torch.randn(self.conv.bias.shape, generator=seeded) / 5)
+
+    def forward(self, x):
+        return torch.sigmoid(self.conv(x))
+
+
+def smooth() -> Smooth:
+    return Smooth()

@@ -45,7 +45,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..config import COMPILE_MODES, MEMORY_FORMATS
+from ..config import COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
 from ..errors import InvalidOptionError
 from ..hostmem import keep_freed_memory
 from .cpu_steps import after_network, is_normalized, normalized
@@ -197,6 +197,12 @@ def _upload_form(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
+def _check_precision(precision: str) -> None:
+    """A predictor runs one of :data:`PRECISIONS`: ``auto`` is chosen before (see :mod:`blockpred.precision`)."""
+    if precision not in PRECISIONS:
+        raise InvalidOptionError(f"a predictor's precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
 def _set_layout(module: torch.nn.Module, memory_format: str) -> None:
     """Every 5D weight in ``channels_last_3d`` (or back), every 4D one in ``channels_last``: a 2D network
     run plane by plane (see :mod:`blockpred.models.planes`) gets its planes channels last."""
@@ -225,27 +231,13 @@ class Predictor:
             raise InvalidOptionError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         if memory_format not in MEMORY_FORMATS:
             raise InvalidOptionError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
+        _check_precision(precision)
         keep_freed_memory()  # a block's activations are reused from pass to pass, not faulted in anew
         self.device = device
-        self.precision = precision
         self.compile = compile
         self.memory_format = memory_format
-        # The predictor's own copy: casting weights, changing the layout and moving to the device must
-        # not reach the caller's module (the API's predict(model=net), several predictors on one model).
-        # Copied without autograd: a deep copy of a TorchScript module otherwise holds parameters that are not
-        # leaves and require grad (every output then carries a graph, and .to() warns about .grad).
-        with torch.no_grad():
-            self.module = copy.deepcopy(module).to(device).eval()
-        low = _AUTOCAST_DTYPES.get(precision)
-        if low is not None:
-            for layer in self.module.modules():
-                if isinstance(layer, _CAST_ONCE):
-                    layer.to(low)
-        if memory_format == "channels_last":
-            _set_layout(self.module, memory_format)
-        self._forward = self.module
-        if compile != "off":
-            self._forward = torch.compile(self.module, mode=None if compile == "default" else compile, dynamic=False)
+        self._given = module
+        self._build(precision)
         self._cuda = device.type == "cuda"
         #: On the CPU, the network's thread and the thread of the steps after it (made at the first batch).
         self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
@@ -253,15 +245,43 @@ class Predictor:
         #: of two batch shapes at most: a trial's shapes give way to the run's).
         self._arrays = BufferPool(np.empty, max_keys=4)
         if self._cuda:
-            allow_tf32 = precision == "tf32"
-            torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-            torch.backends.cudnn.allow_tf32 = allow_tf32
             torch.backends.cudnn.benchmark = True  # one block shape per run: the fastest kernel is worth a search
             self._upload = torch.cuda.Stream(device)
             self._compute = torch.cuda.Stream(device)
             self._download = torch.cuda.Stream(device)
             self._compute.wait_stream(torch.cuda.current_stream(device))  # the weights' copies
             self._pool = BufferPool(_pinned)
+
+    def _build(self, precision: str) -> None:
+        """The predictor's own copy of the network given, on the device, at ``precision``: casting weights,
+        changing the layout and moving to the device must not reach the caller's module (the API's
+        predict(model=net), several predictors on one model).  Copied without autograd: a deep copy of a
+        TorchScript module otherwise holds parameters that are not leaves and require grad (every output
+        then carries a graph, and .to() warns about .grad)."""
+        with torch.no_grad():
+            module = copy.deepcopy(self._given).to(self.device).eval()
+        low = _AUTOCAST_DTYPES.get(precision)
+        if low is not None:
+            for layer in module.modules():
+                if isinstance(layer, _CAST_ONCE):
+                    layer.to(low)
+        if self.memory_format == "channels_last":
+            _set_layout(module, self.memory_format)
+        self.precision, self.module, self._forward = precision, module, module
+        if self.compile != "off":
+            self._forward = torch.compile(module, mode=None if self.compile == "default" else self.compile,
+                                          dynamic=False)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+    def use_precision(self, precision: str) -> None:
+        """Run at ``precision`` from now on: the network given is copied and cast again (a fallback of
+        ``--precision auto``, see :mod:`blockpred.precision`)."""
+        _check_precision(precision)
+        if precision != self.precision:
+            self._build(precision)
+            if self._cuda:
+                self._compute.wait_stream(torch.cuda.current_stream(self.device))  # the weights' copies
 
     def use_memory_format(self, memory_format: str) -> None:
         """Switch the weights and the activations to ``memory_format`` (not with ``compile``: it would recompile)."""
