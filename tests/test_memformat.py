@@ -16,7 +16,7 @@ def _read(path: str) -> np.ndarray:
 def test_auto_measures_once_then_uses_the_cache_and_predicts_what_contiguous_does(tmp_path):
     data = np.random.default_rng(7).integers(0, 255, (16, 32, 48), dtype=np.uint8)
     source = write_test_volume(str(tmp_path / "in.zarr"), data)
-    options = dict(block=16, halo=4, local=True, progress=False)
+    options = dict(block=16, halo=4, precision="fp32", local=True, progress=False)
     first = blockpred.predict(source, str(tmp_path / "auto1.zarr"), memory_format="auto", **options)
     second = blockpred.predict(source, str(tmp_path / "auto2.zarr"), memory_format="auto", **options)
     plain = blockpred.predict(source, str(tmp_path / "plain.zarr"), memory_format="contiguous", **options)

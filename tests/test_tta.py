@@ -33,7 +33,7 @@ def test_tta_equals_the_mean_of_the_flipped_whole_volume_predictions(tmp_path):
     net = make_unet(depth=1)
     halo = halo_covering(net, net.downsampling)
     summary = blockpred.predict(source, str(tmp_path / "out.zarr"), model=net, block=(4, 8, 12), halo=halo,
-                                tta=mode, batch_size=2, progress=False, local=True)
+                                tta=mode, batch_size=2, precision="fp32", progress=False, local=True)
     assert summary.stats.num_blocks == 2 * 2 * 2  # blocks meeting at every face, those along x cut by the volume
     expected = _flipped_mean(net, data, axes, halo)
     assert not np.allclose(expected, reference(net, data, halo=halo, downsampling=net.downsampling), atol=1e-4)

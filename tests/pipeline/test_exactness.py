@@ -12,6 +12,8 @@ from blockpred.models.unet import UNet3d
 from tests.helpers import write_test_volume
 
 TOLERANCE = 1e-5
+#: In this process, at fp32 (a GPU's default, auto, would run bf16: see blockpred.precision).
+EXACT = dict(precision="fp32", progress=False, local=True)
 
 
 def make_unet(**kwargs) -> UNet3d:
@@ -80,7 +82,7 @@ def test_blockwise_output_equals_whole_volume_for_every_input_format(tmp_path, f
     data = em_like((24, 70, 50))
     path = write_test_volume(str(tmp_path / input_path), data, chunks=(8, 16, 16), zarr_format=2 if fmt == "zarr2" else 3)
     net, halo = make_unet(), unet_halo
-    summary = blockpred.predict(path, model=net, block=(16, 32, 32), halo=halo, progress=False, local=True)
+    summary = blockpred.predict(path, model=net, block=(16, 32, 32), halo=halo, **EXACT)
     assert summary.output.endswith("prediction")  # default: a sibling dataset in the same container
     assert_exact(summary.output, reference(net, data, halo=halo, downsampling=(4, 4, 4)))
 
@@ -93,7 +95,7 @@ def test_a_shape_that_divides_by_nothing_is_predicted_exactly(tmp_path, batch_si
     net, halo = make_unet(), unet_halo
     out = str(tmp_path / "out.zarr")
     summary = blockpred.predict(path, out, model=net, block=(32, 64, 64), halo=halo, batch_size=batch_size,
-                                output_chunks=(32, 32, 32), progress=False, local=True)
+                                output_chunks=(32, 32, 32), **EXACT)
     assert summary.stats.num_blocks == 2 * 2 * 2  # batches of 3, 3 and 2
     assert_exact(out, reference(net, data, halo=halo, downsampling=(4, 4, 4)))
 
@@ -106,7 +108,7 @@ def test_an_anisotropic_network_is_predicted_exactly(tmp_path):
     downsampling = Coord((1, 6, 6))
     halo = halo_covering(net, downsampling)
     out = str(tmp_path / "out.zarr")
-    summary = blockpred.predict(path, out, model=net, block=(10, 30, 36), halo=halo, progress=False, local=True)
+    summary = blockpred.predict(path, out, model=net, block=(10, 30, 36), halo=halo, **EXACT)
     assert summary.stats.num_blocks == 2 * 2 * 2
     assert_exact(out, reference(net, data, halo=halo, downsampling=downsampling))
 
@@ -116,7 +118,7 @@ def test_a_valid_convolution_network_is_predicted_exactly(tmp_path):
     path = write_test_volume(str(tmp_path / "valid.zarr"), data)
     net = make_unet(padding="valid", depth=1)
     out = str(tmp_path / "out.zarr")
-    summary = blockpred.predict(path, out, model=net, block=(16, 16, 16), progress=False, local=True)
+    summary = blockpred.predict(path, out, model=net, block=(16, 16, 16), **EXACT)
     context = summary.plan.context
     assert context != Coord((0, 0, 0)) and summary.plan.halo == Coord((0, 0, 0))
     assert_exact(out, reference(net, data, halo=(0, 0, 0), context=context))
@@ -129,7 +131,7 @@ def test_a_multichannel_volume_with_a_roi_is_predicted_exactly_inside_the_roi(tm
     halo = halo_covering(net, Coord((2, 2, 2)), in_channels=2)
     out = str(tmp_path / "out.zarr")
     blockpred.predict(path, out, model=net, block=(8, 8, 8), halo=halo, roi="4:20,8:30,0:40",
-                      channels="1", progress=False, local=True)
+                      channels="1", **EXACT)
     expected = reference(net, data, halo=halo, downsampling=(2, 2, 2))[1:2, 4:20, 8:30, 0:40]
     vol = open_volume(out)
     assert vol.shape == (1, 24, 40, 40)

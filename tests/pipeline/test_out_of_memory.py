@@ -35,8 +35,8 @@ def volume(tmp_path_factory):
 def predict(volume, out, budget, *, batch_size=1, spare_zeros=False, transient=None, **options):
     kwargs = {"budget_voxels": budget, "spare_zeros": spare_zeros, "transient": transient}
     return blockpred.predict(volume, str(out), model="tests.networks:memory_limited", model_kwargs=kwargs,
-                             block=BLOCK, halo=10, batch_size=batch_size, memory_format="contiguous", progress=False,
-                             local=True, **options)
+                             block=BLOCK, halo=10, batch_size=batch_size, memory_format="contiguous", precision="fp32",
+                             progress=False, local=True, **options)
 
 
 def written(out) -> np.ndarray:
@@ -81,7 +81,7 @@ def test_a_block_that_does_not_fit_at_batch_1_is_predicted_in_parts_and_written_
 def test_a_valid_convolution_network_is_predicted_in_equal_parts_when_its_blocks_do_not_fit(volume, tmp_path):
     # Block 30 of SHAPE (48, 64, 64): cores of 30 split into 2 parts of 16 (on the 2x pooling grid) that
     # overlap by 2; every part's input is the block's less 14, which the valid network accepts.
-    common = dict(model="tests.networks:memory_limited", block=30, progress=False, local=True)
+    common = dict(model="tests.networks:memory_limited", block=30, precision="fp32", progress=False, local=True)
     whole = blockpred.predict(volume, str(tmp_path / "whole.zarr"),
                               model_kwargs={"budget_voxels": 10**9, "valid": True}, **common)
     input_voxels = whole.plan.input_shape.prod()
@@ -154,7 +154,7 @@ def test_a_dask_worker_keeps_the_smaller_batch_from_task_to_task_and_the_summary
     # 48 blocks of 16^3 (input 36^3) in 8 tasks on one worker: the first task learns batch 2, the rest keep it.
     summary = blockpred.predict(volume, str(tmp_path / "dask.zarr"), model="tests.networks:memory_limited",
                                 model_kwargs={"budget_voxels": 2 * 36**3}, block=16, halo=10, batch_size=4,
-                                workers=1, progress=False)
+                                workers=1, precision="fp32", progress=False)
 
     assert summary.workers, "the run did not go through dask"
     assert summary.stats.out_of_memory == 1 and summary.stats.batch_size == 2
