@@ -24,8 +24,10 @@ block).  ``--workers 2`` runs two dask workers, two stand-ins: two GPUs.
 private size cache first (its measuring is not timed); then rounds alternate
 N and 4N, and the medians are reported.  Each run writes a new output, as a
 first run does: the last round's output (and its markers) is deleted before
-the command starts, untimed.  (Replacing it with ``--overwrite`` would put the
-deletion of 4N's old output, four times N's, into the difference above.)
+the command starts, untimed, and the disk is synced (``os.sync``), so that no
+command starts while the kernel still writes back the last one's output or
+its deletion.  (Replacing it with ``--overwrite`` would put the deletion of
+4N's old output, four times N's, into the difference above.)
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def main() -> None:
                 output = root / f"out-{name}.zarr"
                 for old in (output, output.with_name(output.name + ".blockpred")):
                     shutil.rmtree(old, ignore_errors=True)
+                os.sync()  # the deletion's and the last run's writes reach the disk before the next command starts
                 result = run(volumes[name], str(output), args, workers, cache)
                 if round_:
                     runs[name].append(result)
