@@ -306,6 +306,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                          todo_share=todo_share, after_dry_run=check_precision_on_first_block)
     if checks:
         precision_note = str(checks[0])
+    auto = cfg.precision == AUTO
     cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
     plan, geometry, output = layout.plan, layout.geometry, layout.output
     step = block_step(network_downsampling(cfg, model), cfg.output_chunks, cfg.shards)
@@ -327,9 +328,12 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     if resumed:
         changes = describe_changes(previous.fingerprint, fingerprint)
         if changes:
+            started_at = previous.fingerprint.get("precision", cfg.precision)
+            resume_at = (f"--precision {started_at} goes on at the precision it was started with, "
+                         if auto and started_at != cfg.precision else "")
             raise OutputExistsError(
                 f"output {str(target_path)!r} was made with other settings ({'; '.join(changes)}); "
-                f"pass --overwrite to start again, or choose another output"
+                f"{resume_at}pass --overwrite to start again, or choose another output"
             )
     masked = ~mask.coverage(plan) if mask is not None and not resumed else None
     check_inodes(target_path, plan, layout.output, finished if resumed else masked)

@@ -121,6 +121,16 @@ def test_auto_falls_back_to_tf32_with_one_warning_where_bf16_loses_the_numbers(v
                           **PINNED)
 
 
+def test_an_output_started_at_fp32_resumed_at_auto_is_refused_naming_the_precision_that_goes_on(volume, tmp_path,
+                                                                                                   bf16_device):
+    out = str(tmp_path / "out.zarr")
+    blockpred.predict(volume, out, model="tests.networks:smooth", precision="fp32", **PINNED)  # the old default
+    with pytest.raises(OutputExistsError, match="precision fp32 -> bf16.*--precision fp32 goes on at the precision"):
+        blockpred.predict(volume, out, model="tests.networks:smooth", **PINNED)
+    again = blockpred.predict(volume, out, model="tests.networks:smooth", precision="fp32", **PINNED)
+    assert again.num_resumed == again.plan.num_blocks
+
+
 def test_auto_on_a_machine_without_cuda_that_runs_gpu_workers_is_tf32_unchecked():
     joining = make_config(scheduler="tcp://127.0.0.1:8786", device="cuda")
     precision, note = _start_precision(joining, CPU, None)
