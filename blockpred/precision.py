@@ -16,16 +16,13 @@ joins a cluster, and has no CUDA device) cannot check: its GPU workers run tf32.
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from .pipeline import DeviceSteps, Predictor, is_out_of_memory
-
-logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 #: The largest difference allowed at any voxel of the first block, as a share of fp32's output range.
@@ -108,7 +105,7 @@ def check_precision(predictor: Predictor, module: torch.nn.Module, sample: np.nd
                     steps: DeviceSteps) -> PrecisionCheck:
     """``sample`` (one block's raw input, (C, Z, Y, X)) through ``predictor`` at its precision and through
     ``module`` at fp32 on the same device, with ``steps`` (their output dtype float32), compared."""
-    steps = DeviceSteps(scale=steps.scale, offset=steps.offset, crop=steps.crop, channels=steps.channels)
+    steps = replace(steps, output_dtype=np.dtype("float32"), counted=None)
     low = _output(predictor, sample, steps)
     reference = Predictor(module, predictor.device, "fp32", memory_format=predictor.memory_format)
     try:

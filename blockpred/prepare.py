@@ -39,7 +39,7 @@ from .models.planes import check_halo
 from .output import check_inodes, check_place_free
 from .padding import read_padded
 from .pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
-from .precision import AUTO, FALLBACK, PrecisionCheck, auto_precision, check_precision
+from .precision import AUTO, FALLBACK, auto_precision, check_precision
 from .runlayout import Layout, check_channels, choose_format, network_downsampling, start_format, plan_layout
 
 logger = logging.getLogger(__name__)
@@ -278,12 +278,11 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     jobs = job_settings(cfg, 1)
     precision, precision_note = _start_precision(cfg, device, jobs)
     predictor = Predictor(module, device, precision, compile=cfg.compile, memory_format=start_format(cfg))
-    checks: list[PrecisionCheck] = []
+    auto = cfg.precision == AUTO
 
     def check_precision_on_first_block(geometry, halo: Coord) -> None:
         """``--precision auto`` at a low precision: the start block at the ROI's first corner, at it and at fp32."""
-        if cfg.precision != AUTO or predictor.precision in ("fp32", FALLBACK):
-            return
+        nonlocal precision_note
         box = Box.from_shape(geometry.input_shape, roi.begin - halo - geometry.context)
         sample = read_padded(source, box, cfg.pad_mode, cfg.pad_value)
         scale, offset = cfg.normalize.scale_offset(source.dtype)
@@ -292,7 +291,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         if not check.passed:
             logger.warning("%s", check.warning())
             predictor.use_precision(check.precision)
-        checks.append(check)
+        precision_note = str(check)
 
     resume_block = None
     if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
@@ -302,11 +301,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
     if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
+    checked = auto and precision in ("fp16", "bf16")  # auto's low precision: compared with fp32 first
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
-                         todo_share=todo_share, after_dry_run=check_precision_on_first_block)
-    if checks:
-        precision_note = str(checks[0])
-    auto = cfg.precision == AUTO
+                         todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None)
     cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
     plan, geometry, output = layout.plan, layout.geometry, layout.output
     step = block_step(network_downsampling(cfg, model), cfg.output_chunks, cfg.shards)
