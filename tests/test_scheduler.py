@@ -53,7 +53,10 @@ def test_one_two_and_three_workers_write_identical_outputs(tmp_path):
         out, log = str(tmp_path / f"out{workers}.zarr"), tmp_path / f"pids{workers}.log"
         summary = blockpred.predict(source, out, block=16, halo=4, workers=workers, progress=False, **PINNED,
                                     model="tests.networks:pid_logged", model_kwargs={"log_path": str(log)})
-        assert len(summary.workers) == workers and summary.stats.num_blocks == 2 * 3 * 3
+        # Every block ran, on at most the workers started: which of them took blocks is dask's choice (on a loaded
+        # 2-core CI machine one of two workers once finished all 18 tiny blocks before the other took one).
+        assert 1 <= len(summary.workers) <= workers and summary.stats.num_blocks == 2 * 3 * 3
+        assert sum(w.num_blocks for w in summary.workers.values()) == 2 * 3 * 3
         pids = {int(p) for p in log.read_text().split()}
         assert (pids == {os.getpid()}) if workers == 1 else (os.getpid() not in pids), pids
         outputs.append(read_all(out))
