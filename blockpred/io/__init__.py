@@ -5,6 +5,8 @@
 * ``file.h5:/dataset``         -> :mod:`blockpred.io.hdf5` (h5py; one shared handle per file)
 * ``precomputed://DIR[#scale=KEY]`` (or ``DIR/info``) -> :mod:`blockpred.io.precomputed`
   (tensorstore; neuroglancer precomputed, axes presented as (c,) z, y, x)
+* ``stack.tif`` (``.tiff``, ``.ome.tif``) or a folder of ``.tif``/``.tiff``/``.png``
+  slices -> :mod:`blockpred.io.tiff` (tifffile, imagecodecs; read-only: inputs only)
 
 Backends are imported on first use, so opening an HDF5 file never imports
 tensorstore.
@@ -178,7 +180,8 @@ def move_aside(path: str | Path | VolumePath) -> Path | None:
     and a deletion cut short (a kill, a refused permission) leaves nothing at
     the path.  Raises :class:`NotImplementedError` for what has no directory
     of its own (an HDF5 dataset, an object store): remove those in place.
-    The same refusals as :func:`remove_volume` apply (a group of datasets, a scale).
+    The same refusals as :func:`remove_volume` apply (a group of datasets, a
+    scale, anything TIFF: blockpred never removes a TIFF input).
     """
     vpath = _as_path(path)
     if vpath.is_remote or vpath.format == "hdf5":
@@ -196,7 +199,7 @@ def move_aside(path: str | Path | VolumePath) -> Path | None:
 def moved_aside(path: str | Path | VolumePath) -> list[Path]:
     """What earlier deletions of the volume at ``path`` moved aside and did not finish deleting."""
     vpath = _as_path(path)
-    if vpath.is_remote or vpath.format == "hdf5":
+    if vpath.is_remote or vpath.format in ("hdf5", "tiff"):  # never moved aside (a TIFF is never removed)
         return []
     from .identity import data_node
 

@@ -12,8 +12,11 @@ Paths name a format by their shape (:func:`parse_volume_path`):
 * ``precomputed://DIR``, ``DIR/info``, or a directory holding a precomputed
   ``info`` -> neuroglancer precomputed (through tensorstore); ``#scale=KEY``
   (or ``#scale=INDEX``) picks a scale, kept as the path's dataset
+* ``stack.tif`` (also ``.tiff``, ``.ome.tif``), or a directory holding 2D
+  slices (``.tif``, ``.tiff`` or ``.png`` files, one per z) and no zarr, N5 or
+  precomputed volume -> TIFF (through tifffile; read-only, inputs only)
 
-Any of these but HDF5 may live on an object store: ``s3://bucket/path/vol.zarr/raw``,
+Any of these but HDF5 and TIFF may live on an object store: ``s3://bucket/path/vol.zarr/raw``,
 ``s3://bucket/vol.n5/raw``, ``precomputed://s3://bucket/em`` (``gs://`` alike).  The
 container is then an :class:`~blockpred.io.stores.ObjectUrl` carrying the storage
 options that reach it (see :mod:`blockpred.io.stores`).
@@ -36,7 +39,7 @@ from ..errors import InvalidOptionError, InvalidVolumeError
 from ..geometry import Box, Coord
 from .stores import ObjectUrl, StorageOptions, is_url, parse_url
 
-Format = Literal["zarr", "n5", "hdf5", "precomputed"]
+Format = Literal["zarr", "n5", "hdf5", "precomputed", "tiff"]
 
 #: Input dtypes blockpred can normalise and feed to a network.
 SUPPORTED_INPUT_DTYPES = tuple(
@@ -46,6 +49,9 @@ SUPPORTED_INPUT_DTYPES = tuple(
 SUPPORTED_OUTPUT_DTYPES = tuple(np.dtype(t) for t in ("float32", "float16", "uint8"))
 
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+_TIFF_SUFFIXES = (".tif", ".tiff")  # .ome.tif and .ome.tiff end in these too
+#: The files a folder of 2D slices holds, one per z (see :mod:`.tiff`).
+SLICE_SUFFIXES = (".tif", ".tiff", ".png")
 PRECOMPUTED_SCHEME = "precomputed://"
 
 
@@ -135,6 +141,8 @@ def _local_path(text: str) -> VolumePath:
         if lower.endswith(".zarr") or lower.endswith(".n5"):
             fmt: Format = "zarr" if lower.endswith(".zarr") else "n5"
             return VolumePath(fmt, Path(*parts[: i + 1]), "/".join(parts[i + 1 :]))
+    if text.lower().rstrip("/").endswith(_TIFF_SUFFIXES):
+        return VolumePath("tiff", Path(text), "")
     path = Path(text)
     if (path / "zarr.json").exists() or (path / ".zarray").exists() or (path / ".zgroup").exists():
         return VolumePath("zarr", path, "")
@@ -143,10 +151,29 @@ def _local_path(text: str) -> VolumePath:
     base = text.partition("#")[0]
     if Path(base).name == "info" or _is_precomputed_directory(Path(base)):
         return _precomputed_path(text, text)
+    if has_slices(path):
+        return VolumePath("tiff", path, "")
+    found = " (a directory holding no .tif, .tiff or .png slices)" if path.is_dir() else ""
     raise InvalidOptionError(
-        f"cannot tell the format of {text!r}: name a zarr (vol.zarr[/dataset]), "
-        f"N5 (vol.n5/dataset), HDF5 (file.h5:/dataset) or precomputed (precomputed://DIR) volume"
+        f"cannot tell the format of {text!r}{found}: name a zarr (vol.zarr[/dataset]), "
+        f"N5 (vol.n5/dataset), HDF5 (file.h5:/dataset) or precomputed (precomputed://DIR) volume, "
+        f"a TIFF (stack.tif) or a folder of .tif, .tiff or .png slices"
     )
+
+
+def is_slice_name(name: str) -> bool:
+    """True when a file called ``name`` is a slice of a folder of slices (hidden files, such as macOS's
+    ``._slice_1.tif``, are not)."""
+    return not name.startswith(".") and name.lower().endswith(SLICE_SUFFIXES)
+
+
+def has_slices(path: Path) -> bool:
+    """True when ``path`` is a directory holding at least one slice file (stops at the first)."""
+    try:
+        with os.scandir(path) as entries:
+            return any(is_slice_name(entry.name) and entry.is_file() for entry in entries)
+    except OSError:  # not a directory, or not there
+        return False
 
 
 def _url_path(text: str, options: StorageOptions) -> VolumePath:
@@ -158,6 +185,11 @@ def _url_path(text: str, options: StorageOptions) -> VolumePath:
         if lower.endswith(_HDF5_SUFFIXES) or re.search(r"\.(h5|hdf5|hdf):", lower):
             raise InvalidOptionError(
                 f"HDF5 is read and written as a local file only, got {text!r}; copy it to a local disk, "
+                f"or convert it to zarr"
+            )
+        if i == len(parts) - 1 and lower.endswith(_TIFF_SUFFIXES):
+            raise InvalidOptionError(
+                f"TIFF is read as a local file (or folder of slices) only, got {text!r}; copy it to a local disk, "
                 f"or convert it to zarr"
             )
         if lower.endswith(".zarr") or lower.endswith(".n5"):

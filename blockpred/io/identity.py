@@ -8,7 +8,7 @@ by what the file system says they are:
 
 * :func:`data_node`: the one file or directory that holds a volume's data
   (an HDF5 file; a zarr or N5 dataset's directory, or the container for its
-  root; a precomputed volume's directory);
+  root; a precomputed volume's directory; a TIFF file or folder of slices);
 * :func:`overlap`: whether one place is another, or lies inside it -- by
   ``(st_dev, st_ino)`` of the place and of each of its real parents, so links
   and bind mounts (which keep the device and inode) are seen through.

@@ -49,7 +49,7 @@ def test_a_sibling_lives_in_the_same_group():
 
 def test_an_unknown_format_is_refused_with_the_formats_it_could_be(tmp_path):
     with pytest.raises(InvalidOptionError, match=r"cannot tell the format of .*zarr.*N5.*HDF5"):
-        parse_volume_path(tmp_path / "volume.tif")
+        parse_volume_path(tmp_path / "volume.xyz")
 
 
 def test_a_zarr_container_without_a_suffix_is_recognised_by_its_metadata(tmp_path):
