@@ -58,6 +58,11 @@ class UntrustedPickleError(ModelLoadError):
     """A model file needs unpickling (which runs arbitrary code) without trust."""
 
 
+class PackageTestFailedError(ModelLoadError):
+    """A bioimage.io package does not reproduce its own test output from its test input (see
+    :mod:`blockpred.models.check`)."""
+
+
 class OwnershipLostError(RuntimeError):
     """This run no longer holds its output's lock: another run took it over (see :mod:`blockpred.ownership`)."""
 

@@ -25,6 +25,7 @@ from .io import stores
 from .io.stores import ObjectUrl
 from .layout import OutputLayout
 from .markers import DoneMarkers, markers_path
+from .models.bioimageio_planes import store_with_run
 
 if TYPE_CHECKING:
     from .prepare import Prepared
@@ -60,6 +61,7 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
             logger.warning("output %s was left half-created by a run that was cut short; creating it again", target)
             remove_volume(p.target_path)
             _create_sink(p, source)
+        store_with_run(path, cfg.model_kwargs)  # kept by the run it resumes; written if that one was cut short
         return dataclasses.replace(current, owner=owner)
     exists = volume_exists(p.target_path)
     if exists and not cfg.overwrite:
@@ -73,6 +75,7 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
         raise output_error(err, "delete the old output", target) from None
     try:
         markers = DoneMarkers.create(path, plan, p.fingerprint, p.masked)
+        store_with_run(path, cfg.model_kwargs)  # a 2D package's per-plane statistics: read back by a resume
         _create_sink(p, source)
     except Exception as err:
         _undo_create(p.target_path, path)

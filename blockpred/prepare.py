@@ -259,7 +259,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     if is_package(cfg.model):  # bioimage.io: normalisation none, the volume's statistics for every worker
         from .models.bioimageio_stats import configure_run
 
-        cfg = configure_run(cfg, source)
+        cfg = configure_run(cfg, source, previous if not cfg.overwrite else None, source_path, plan_only=not measure)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
     model = spec.load()
     in_channels = source.num_channels or 1
@@ -318,6 +318,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
         downsampling=network_downsampling(cfg, model),
+        planes_along=getattr(model.module, "planes_along", None),  # a 2D package's per-plane statistics
         missing_chunks=cfg.missing_chunks,
     )
     fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))

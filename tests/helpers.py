@@ -14,6 +14,8 @@ from zarr.storage import LocalStore
 from blockpred.io import create_volume, parse_volume_path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Trained networks and real volumes nobody here wrote, beside the checkout (see its README).
+REALDATA = ROOT.parent / "shared" / "realdata"
 
 
 def child_env(*first: str | Path) -> dict[str, str]:
@@ -112,11 +114,14 @@ def assert_refused(result: subprocess.CompletedProcess, *expected: str) -> None:
 
 
 def build_2d_package(root: Path, weights_file: Path, plane: np.ndarray, *, halo: int, min_size: int, step: int,
-                     zmuv_axes: tuple[str, ...] | None = None, name: str = "pkg2d") -> Path:
+                     zmuv_axes: tuple[str, ...] | None = None, name: str = "pkg2d",
+                     test_output: np.ndarray | None = None) -> Path:
     """A 2D bioimage.io package ``root/name/rdf.yaml`` made by bioimageio.spec (format 0.5): TorchScript weights
     from ``weights_file`` taking (b, 1, y, x) to (b, 2, y, x); input sizes ``min_size + k * step``; an output
     halo of ``halo``; zero-mean-unit-variance preprocessing (over ``zmuv_axes``, else all axes) and a sigmoid.
-    ``plane`` is its test input (the test output, zeros, is not checked offline)."""
+    ``plane`` is its test input, and its test output what the package makes of it (as bioimage.io's test_model
+    runs it: the plane's own mean and standard deviation, the network on the whole plane, no padding), unless
+    ``test_output`` is given."""
     from bioimageio.spec import ValidationContext, save_bioimageio_package_as_folder
     from bioimageio.spec.common import FileDescr
     from bioimageio.spec.generic.v0_3 import Author, CiteEntry, Doi, LicenseId
@@ -126,7 +131,12 @@ def build_2d_package(root: Path, weights_file: Path, plane: np.ndarray, *, halo:
     work = root / f"{name}-src"
     work.mkdir()
     np.save(work / "input.npy", plane[None, None].astype(np.float32))
-    np.save(work / "output.npy", np.zeros((1, 2) + plane.shape, np.float32))
+    if test_output is None:
+        x = plane.astype(np.float32)
+        x = (x - np.float32(x.astype(np.float64).mean())) / np.float32(x.astype(np.float64).std() + 1e-6)
+        with torch.inference_mode():
+            test_output = torch.sigmoid(torch.jit.load(str(weights_file))(torch.from_numpy(x[None, None]))).numpy()
+    np.save(work / "output.npy", np.asarray(test_output, np.float32))
     (work / "weights.pt").write_bytes(Path(weights_file).read_bytes())
     in_axes = [m.BatchAxis(), m.ChannelAxis(channel_names=[m.Identifier("em")])] + [
         m.SpaceInputAxis(id=m.AxisId(a), size=m.ParameterizedSize(min=min_size, step=step)) for a in "yx"]

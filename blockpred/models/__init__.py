@@ -8,7 +8,8 @@
 * :mod:`.state_dicts`: recognises inferno UNet and UNet3d state dicts and builds the network they fit;
 * :mod:`.receptive`: :func:`receptive_radius` measures how much context a network sees;
 * :mod:`.bioimageio`: bioimage.io model packages (rdf.yaml / .zip); :mod:`.bioimageio_ops` their processing
-  steps on the device; :mod:`.bioimageio_stats` the statistics of the volume those steps need.
+  steps on the device; :mod:`.bioimageio_stats` the statistics of the volume those steps need,
+  :mod:`.bioimageio_planes` a 2D package's per-plane ones; :mod:`.check` a package's test tensors reproduced.
 """
 
 from .inferno import InfernoUNet

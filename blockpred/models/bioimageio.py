@@ -16,8 +16,9 @@ What blockpred takes from a package:
   load with ``weights_only=True`` (as every blockpred file; see
   :mod:`.torchfile`).  Other formats (ONNX, TensorFlow, Keras) are refused.
 * **axes**: one input; batch, channel, z, y, x in any order (batch and
-  channel may be missing) map to blockpred's (b, c, z, y, x); anything else
-  (time, index axes, two channel axes, 2D) is refused.  The first output is
+  channel may be missing) map to blockpred's (b, c, z, y, x); y and x alone
+  make a 2D package (see :mod:`.planes`); anything else (time, index axes,
+  two channel axes) is refused.  The first output is
   predicted; its spatial axes must have the input's scale.
 * **preprocessing** (``scale_range``, ``zero_mean_unit_variance``,
   ``fixed_zero_mean_unit_variance``, ``scale_linear``, ``clip``, ``binarize``,
@@ -26,13 +27,18 @@ What blockpred takes from a package:
   :class:`~.bioimageio_ops.PackageNetwork`; blockpred's own normalisation is
   ``none`` (raw values as float32).
 * **statistics** (percentiles, mean and standard deviation): blocks have no
-  per-sample statistics, so ``per_sample`` and ``per_dataset`` both mean "over
-  the volume".  :func:`.bioimageio_stats.configure_run` computes them once, in
-  the client, on a sample of the input volume (the whole volume up to 16.8
-  Mvox, else a fixed grid of tiles; see :mod:`.bioimageio_stats`), each step's on the
+  per-sample statistics, so a 3D package's ``per_sample`` and ``per_dataset``
+  both mean "over the volume", and so does a 2D package's ``per_dataset``.
+  :func:`.bioimageio_stats.configure_run` computes them once, in the client,
+  on a sample of the input volume (the whole volume up to 16.8 Mvox, else a
+  fixed grid of tiles; see :mod:`.bioimageio_stats`), each step's on the
   values the steps before it produced, and puts the numbers in the run's
   ``model_kwargs`` (key :data:`STATISTICS_KEY`), so every worker applies the
-  same constants and the run's fingerprint holds them.
+  same constants and the run's fingerprint holds them.  A 2D package's
+  per-sample statistics are per plane: a table with a row per plane, computed
+  over every plane the run touches (see :mod:`.bioimageio_planes`).
+* **test tensors**: before a package's first run, its test input must give its
+  test output (:mod:`.check`).
 * **halo** of the output's spatial axes: the model's default halo (none
   stated: blockpred's default, 8 for a 'same' network).
 * **input shapes**: ``min + k * step`` becomes a downsampling of ``step``
@@ -61,10 +67,11 @@ import torch
 
 from ..errors import InvalidOptionError, UntrustedPickleError
 from ..geometry import Coord
-from .bioimageio_ops import PackageNetwork, build_op
+from .bioimageio_ops import PackageNetwork, build_op, build_plane_op
+from .bioimageio_planes import PLANES_KEY
 from .bioimageio_package import (Package, entry_file, fail, is_package,  # noqa: F401 - is_package: for callers
                                  one_line, read_checked, read_package, weights_entry_file)
-from .planes import DEFAULT_BLOCK_2D, lift
+from .planes import DEFAULT_BLOCK_2D, lift, stack_axis
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +108,7 @@ def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, An
     if package.needs_statistics and statistics is None:
         raise fail(model, "normalises with statistics of the input volume, which blockpred run, plan and "
                            "predict compute; this command has no volume to compute them on")
-    statistics = statistics or {}
-    module = PackageNetwork(
-        network,
-        pre=[build_op(s, statistics.get(f"pre.{i}")) for i, s in enumerate(package.pre)],
-        post=[build_op(s, statistics.get(f"post.{i}")) for i, s in enumerate(package.post)],
-        in_axes=package.in_axes, out_axes=package.out_axes, batch_one=package.batch_one,
-        min_shape=lifted(package.min_shape, 1), step=lifted(package.step, 1),
-        fixed=package.fixed if plane is None else tuple(bool(f) for f in lift(package.fixed, plane, False)), package=package.name,
-        plane=plane)
-    module.in_channels, module.out_channels = package.in_channels, package.out_channels
-    module.downsampling, module.padding = lifted(package.downsampling, 1), package.padding
+    module = package_network(package, network, statistics or {}, plane)
     module = module.to(device="cpu").eval()
     # The fingerprint of the weights and of the description (its processing, axes, halo) together.
     sha = hashlib.sha256((weights_sha + package.rdf_sha256).encode()).hexdigest()
@@ -120,6 +117,55 @@ def load_package(model: str | Path, weights: str | None, kwargs: Mapping[str, An
                       # None stated: blockpred's default, except where a fixed input shape leaves no room for one.
                       default_halo=lifted(package.halo, 0) if any(package.halo) or any(package.fixed) else None)
     return replace(loaded, plane=plane)
+
+
+def package_network(package: Package, network: torch.nn.Module, statistics: Mapping[str, Any],
+                    plane: str | None) -> PackageNetwork:
+    """``network`` behind the package's processing, with its ``statistics`` (a 2D package's per-plane ones
+    under :data:`~.bioimageio_planes.PLANES_KEY`), on ``plane`` planes (a 2D package) or 3D (None)."""
+    def lifted(coord, across) -> Coord:  # a 2D package's (rows, cols) as (z, y, x)
+        return Coord(coord) if plane is None else lift(coord, plane, across)
+
+    table = statistics.get(PLANES_KEY)
+    if table is not None and (plane is None or table.axis != stack_axis(plane)):
+        shown = "3D" if plane is None else f"on {plane} planes, stacked along {'zyx'[stack_axis(plane)]}"
+        raise fail(package.path, f"its per-plane statistics are of planes along {'zyx'[table.axis]}, but it runs "
+                                 f"{shown}")
+
+    def op(step, key: str):
+        if not step.per_plane:
+            return build_op(step, statistics.get(key))
+        if table is None or key not in table.values:
+            kind, index = key.split(".")
+            raise fail(package.path, f"its {kind}processing step {int(index) + 1} takes statistics per plane, and "
+                                     f"none were given")
+        return build_plane_op(step, table.values[key], table.first, 2 + table.axis)
+
+    module = PackageNetwork(
+        network,
+        pre=[op(s, f"pre.{i}") for i, s in enumerate(package.pre)],
+        post=[op(s, f"post.{i}") for i, s in enumerate(package.post)],
+        in_axes=package.in_axes, out_axes=package.out_axes, batch_one=package.batch_one,
+        min_shape=lifted(package.min_shape, 1), step=lifted(package.step, 1),
+        fixed=package.fixed if plane is None else tuple(bool(f) for f in lift(package.fixed, plane, False)),
+        package=package.name, plane=plane)
+    module.in_channels, module.out_channels = package.in_channels, package.out_channels
+    module.downsampling, module.padding = lifted(package.downsampling, 1), package.padding
+    return module
+
+
+def package_sha256(package: Package) -> str:
+    """The package's fingerprint, as :func:`load_package` gives it (``weights_sha256``), without loading it:
+    the weights file, an architecture source and the ``rdf.yaml`` together."""
+    entry, located = weights_entry_file(package)
+    sha = hashlib.sha256(read_checked(package, entry, located, f"{package.weights_format} weights")).hexdigest()
+    if package.weights_format == "pytorch_state_dict":
+        arch = entry.architecture
+        if not getattr(arch, "import_from", None):
+            code = read_checked(package, arch, entry_file(package, arch.source, "architecture source"),
+                                "architecture source")
+            sha = hashlib.sha256((sha + hashlib.sha256(code.decode().encode()).hexdigest()).encode()).hexdigest()
+    return hashlib.sha256((sha + package.rdf_sha256).encode()).hexdigest()
 
 
 def _load_network(package: Package, trust_pickle: bool) -> tuple[torch.nn.Module, str]:

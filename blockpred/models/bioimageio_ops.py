@@ -15,6 +15,13 @@ Every step is elementwise with constants fixed at load time (statistics of the
 volume are computed once by the client, see :mod:`.bioimageio`), so a step may
 run on a block, a batch or a sample of voxels with the same numbers.  Constants
 are scalars or one per channel, broadcast as (1, C, 1, 1, 1).
+
+A 2D package's per-sample statistics are per plane (see :mod:`.bioimageio_planes`):
+such a step (:class:`PlaneNormalize`, :class:`PlaneClip`) holds a table of
+constants, one row per plane of the volume, and :meth:`PackageNetwork.forward`
+takes ``planes``, the volume plane each input plane of each block reads (the
+worker knows it from the block's read box; see
+:attr:`blockpred.pipeline.DeviceSteps.planes`), and gives each plane its row.
 """
 
 from __future__ import annotations
@@ -154,10 +161,21 @@ class PackageNetwork(nn.Module):
                 new.__dict__[key] = copy.deepcopy(value, memo)
         return new
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def planes_along(self) -> int | None:
+        """The spatial axis (0 z, 1 y, 2 x) along which this network takes per-plane constants, else None."""
+        for op in list(self.pre) + list(self.post):
+            if isinstance(op, _PlaneOp):
+                return op.dim - 2
+        return None
+
+    def forward(self, x: torch.Tensor, planes: torch.Tensor | None = None) -> torch.Tensor:
+        """The package on ``x`` (b, c, z, y, x); ``planes`` (b, planes deep), for a network with per-plane
+        constants: the volume plane each input plane reads (None: the first planes of its table, in order)."""
         self._check_shape(tuple(x.shape[2:]))
-        x = self.pre(x)
-        return self.post(self._batched(x) if self.plane is None else per_plane(self._batched, x, self.plane))
+        x = _steps(self.pre, x, planes)
+        y = self._batched(x) if self.plane is None else per_plane(self._batched, x, self.plane)
+        return _steps(self.post, y, planes)
 
     def _batched(self, x: torch.Tensor) -> torch.Tensor:
         if self.batch_one and x.shape[0] > 1:
@@ -187,6 +205,12 @@ class PackageNetwork(nn.Module):
                              f"not {'x'.join(map(str, shape))}: choose --block (block + 2 x halo) to fit")
 
 
+def _steps(ops: nn.Sequential, x: torch.Tensor, planes: torch.Tensor | None) -> torch.Tensor:
+    for op in ops:
+        x = op(x, planes) if isinstance(op, _PlaneOp) else op(x)
+    return x
+
+
 # ---------------------------------------------------------------------- steps
 
 
@@ -201,6 +225,8 @@ class Step:
     per_channel: bool = False
     #: Statistics of the raw input (a postprocessing step's reference_tensor), not of the step's own input.
     of_raw_input: bool = False
+    #: A 2D package's per-sample statistics (axes y and x, without batch): one set per plane of the volume.
+    per_plane: bool = False
 
 
 def build_op(step: Step, statistics: Mapping[str, Any] | None) -> torch.nn.Module:
@@ -243,3 +269,83 @@ class _ClipPerChannel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.clamp(x, min=self.low, max=self.high)
+
+
+# ---------------------------------------------------------------------- per-plane steps
+
+
+class _PlaneOp(nn.Module):
+    """A step whose constants are a table of rows ``first``, ``first + 1`` ... (one per plane of the volume,
+    one column per channel, or one for all), the planes stacked along tensor dimension ``dim`` (2 + axis)."""
+
+    def __init__(self, first: int, dim: int):
+        super().__init__()
+        self.first, self.dim = int(first), int(dim)
+
+    def _rows(self, table: torch.Tensor, x: torch.Tensor, planes: torch.Tensor | None) -> torch.Tensor:
+        """``table``'s row of each plane of ``x``, shaped to broadcast over it: (b, C, planes) on ``dim``.
+
+        ``planes`` (b, depth): volume plane indices; rows outside the table take its nearest row (a plane
+        a block reads past the ROI, or a constant-padded one: its prediction is not written)."""
+        depth = x.shape[self.dim]
+        if planes is None:
+            planes = torch.arange(self.first, self.first + depth, device=x.device).expand(x.shape[0], depth)
+        elif tuple(planes.shape) != (x.shape[0], depth):
+            raise ValueError(f"per-plane constants for {tuple(planes.shape)} planes, but the input has "
+                             f"{x.shape[0]} x {depth}")
+        index = (planes.to(device=table.device, dtype=torch.int64) - self.first).clamp(0, table.shape[0] - 1)
+        rows = table[index].permute(0, 2, 1)  # (b, C, depth)
+        shape = [x.shape[0], table.shape[1], 1, 1, 1]
+        shape[self.dim] = depth
+        return rows.reshape(shape)
+
+
+def _table(values) -> torch.Tensor:
+    """(planes, C) float32, from (planes, C) values (or (planes,): one column)."""
+    array = np.asarray(values, dtype=np.float64)
+    return torch.from_numpy(array.reshape(array.shape[0], -1).astype(np.float32))
+
+
+class PlaneNormalize(_PlaneOp):
+    """``(x - sub[plane]) / div[plane]``: a per-plane scale_range or zero_mean_unit_variance."""
+
+    def __init__(self, sub, div, first: int, dim: int):
+        super().__init__(first, dim)
+        self.register_buffer("sub", _table(sub))
+        self.register_buffer("div", _table(div))
+
+    def forward(self, x: torch.Tensor, planes: torch.Tensor | None = None) -> torch.Tensor:
+        return (x - self._rows(self.sub, x, planes)) / self._rows(self.div, x, planes)
+
+
+class PlaneClip(_PlaneOp):
+    """clip at per-plane percentiles (a side without a percentile: its fixed bound, or none)."""
+
+    def __init__(self, low, high, first: int, dim: int):
+        super().__init__(first, dim)
+        self.register_buffer("low", None if low is None else _table(low))
+        self.register_buffer("high", None if high is None else _table(high))
+
+    def forward(self, x: torch.Tensor, planes: torch.Tensor | None = None) -> torch.Tensor:
+        low = None if self.low is None else self._rows(self.low, x, planes)
+        high = None if self.high is None else self._rows(self.high, x, planes)
+        return torch.clamp(x, min=low, max=high)
+
+
+def build_plane_op(step: Step, table: Mapping[str, Any], first: int, dim: int) -> _PlaneOp:
+    """The torch module of a per-plane ``step``: ``table`` holds its statistics as (planes, C) arrays
+    (see :func:`build_op` for the same step with one set of constants)."""
+    p = step.params
+    planes = len(next(iter(table.values())))
+    if step.kind == "clip":
+        def side(stat: str, quantile: str, fixed: str):
+            if p.get(quantile) is not None:
+                return np.asarray(table[stat], dtype=np.float64)
+            return None if p[fixed] is None else np.full((planes, 1), p[fixed], dtype=np.float64)
+
+        return PlaneClip(side("lo", "lo_q", "low"), side("hi", "hi_q", "high"), first, dim)
+    if step.stat == "percentiles":
+        lo, hi = np.asarray(table["lo"], dtype=np.float64), np.asarray(table["hi"], dtype=np.float64)
+        return PlaneNormalize(lo, hi - lo + p["eps"], first, dim)
+    mean, std = np.asarray(table["mean"], dtype=np.float64), np.asarray(table["std"], dtype=np.float64)
+    return PlaneNormalize(mean, std + p["eps"], first, dim)

@@ -235,19 +235,26 @@ def _map_axes(path, tensor, what: str, planar: bool) -> tuple[tuple[int, ...], i
     return tuple(order), channels, batch_one
 
 
-def _per_channel(path, kwargs, tensor, what: str) -> bool:
-    """Whether statistics are per channel: the axes to reduce leave out the channel axis (all z, y, x in)."""
+def _reduction(path, kwargs, tensor, what: str) -> tuple[bool, bool]:
+    """Whether a step's statistics are per channel (its axes leave the channel out) and per plane (a 2D
+    package's axes y and x without the batch: per sample, and blockpred's samples are the planes).
+
+    A 3D package must reduce over all of z, y and x: statistics per slice of a block do not exist.
+    No axes: all of the tensor's axes, the batch included, so over the volume.
+    """
     axes = getattr(kwargs, "axes", None)
     if axes is None:
-        return False
+        return False, False
     axes = {str(a) for a in axes}
     space = {str(a.id) for a in tensor.axes if a.type == "space"}
     if not space <= axes:
         raise fail(path, f"{what} reduces over axes {sorted(axes)}: statistics per slice do not exist "
-                          f"blockwise; blockpred computes them over the volume (all of {', '.join(sorted(space))})",
+                          f"blockwise; blockpred computes them over the volume (all of {', '.join(sorted(space))})"
+                          + (", or per plane (y and x without the batch)" if space == {"y", "x"} else ""),
                    InvalidOptionError)
     channel = next((str(a.id) for a in tensor.axes if a.type == "channel"), None)
-    return channel is not None and channel not in axes
+    batch = next((str(a.id) for a in tensor.axes if a.type == "batch"), "batch")
+    return channel is not None and channel not in axes, space == {"y", "x"} and batch not in axes
 
 
 def _along(path, kwargs, tensor, channels: int, what: str, *names: str) -> list:
@@ -299,9 +306,10 @@ def _steps(path, descrs, tensor, channels: int, what: str, input_id: str, in_cha
                 raise fail(path, f"{where} clips at percentiles of the network's output, which exist only "
                                   f"after the whole run", InvalidOptionError)
             else:
+                per_channel, per_plane = _reduction(path, kw, tensor, where)
                 steps.append(Step("clip", {"low": kw.min, "high": kw.max, "lo_q": kw.min_percentile,
                                            "hi_q": kw.max_percentile}, stat="percentiles",
-                                  per_channel=_per_channel(path, kw, tensor, where)))
+                                  per_channel=per_channel, per_plane=per_plane))
         elif kind in ("scale_range", "zero_mean_unit_variance"):
             reference = getattr(kw, "reference_tensor", None)
             raw = reference is not None and str(reference) == input_id
@@ -311,15 +319,20 @@ def _steps(path, descrs, tensor, channels: int, what: str, input_id: str, in_cha
             if post and not raw:
                 raise fail(path, f"{where} needs statistics of the network's output, which exist only after "
                                   f"the whole run", InvalidOptionError)
-            per_channel = _per_channel(path, kw, tensor, where)
+            per_channel, per_plane = _reduction(path, kw, tensor, where)
             if raw and post and per_channel and in_channels != channels:
                 raise fail(path, f"{where} scales {channels} output channels by statistics of "
                                   f"{in_channels} input channels", InvalidOptionError)
             if kind == "scale_range":
                 steps.append(Step("normalize", {"lo_q": kw.min_percentile, "hi_q": kw.max_percentile, "eps": kw.eps},
-                                  stat="percentiles", per_channel=per_channel, of_raw_input=raw))
+                                  stat="percentiles", per_channel=per_channel, of_raw_input=raw, per_plane=per_plane))
             else:
-                steps.append(Step("normalize", {"eps": kw.eps}, stat="meanstd", per_channel=per_channel))
+                steps.append(Step("normalize", {"eps": kw.eps}, stat="meanstd", per_channel=per_channel,
+                                  per_plane=per_plane))
+        if not post and steps[-1].stat and not steps[-1].per_plane and any(s.per_plane for s in steps[:-1]):
+            raise fail(path, f"{where} takes statistics of the volume after a step with statistics per plane; "
+                              f"blockpred computes the volume's first, so a step over the volume must come before "
+                              f"the steps per plane", InvalidOptionError)
     return steps
 
 

@@ -32,11 +32,14 @@ class FlipAverage(nn.Module):
         self.net = net
         self.flips = [dims for k in range(len(axes) + 1) for dims in combinations(axes, k)]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, planes: torch.Tensor | None = None) -> torch.Tensor:
+        """``planes`` (a network with per-plane constants, see :attr:`blockpred.pipeline.DeviceSteps.planes`):
+        passed on as they are (a 2D network's stacking axis is never flipped)."""
         flips = [dims for dims in self.flips if all(x.shape[d] > 1 for d in dims)]  # flipping one plane: no change
         total = None
         for dims in flips:
-            y = self.net(x.flip(dims) if dims else x)
+            flipped = x.flip(dims) if dims else x
+            y = self.net(flipped) if planes is None else self.net(flipped, planes)
             y = (y.flip(dims) if dims else y).float()
             total = y if total is None else total.add_(y)
         return total.div_(len(flips))

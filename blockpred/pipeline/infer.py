@@ -107,6 +107,10 @@ class DeviceSteps:
     #: Per block of the batch, the box of the kept output (after ``crop``) whose NaN and inf values are
     #: counted: what the block writes (at the volume's edge, less than the core).  None counts nothing.
     counted: tuple[tuple[slice, slice, slice], ...] | None = None
+    #: Per block of the batch, the volume plane each of its input planes reads (along the stacking axis,
+    #: reflected planes as the plane they mirror), for a network with per-plane constants (a 2D bioimage.io
+    #: package's per-sample statistics: it is called ``module(x, planes)``).  None: not such a network.
+    planes: tuple[tuple[int, ...], ...] | None = None
 
     def for_core(self, halo: tuple[int, ...], core_shape: tuple[int, ...]) -> "DeviceSteps":
         """These steps, cropping a network output that begins ``halo`` before a core of ``core_shape``."""
@@ -317,14 +321,18 @@ class Predictor:
         """Dry run on zeros of ``input_shape`` (B, C, Z, Y, X): the output's shape."""
         return tuple(self(np.zeros(input_shape, dtype=np.float32)).shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The network on a normalised float32 batch already on the device, in this predictor's fast path."""
+    def forward(self, x: torch.Tensor, planes: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        """The network on a normalised float32 batch already on the device, in this predictor's fast path.
+
+        ``planes`` (see :attr:`DeviceSteps.planes`) go to the network as a (b, depth) int64 tensor."""
         if self.memory_format == "channels_last":
             x = x.contiguous(memory_format=torch.channels_last_3d)
         if self.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
         with torch.inference_mode(), self.autocast():
-            return _as_tensor(self._forward(x))
+            if planes is None:
+                return _as_tensor(self._forward(x))
+            return _as_tensor(self._forward(x, torch.as_tensor(np.asarray(planes, dtype=np.int64), device=x.device)))
 
     def _steps(self, raw: torch.Tensor, raw_dtype: np.dtype,
                steps: DeviceSteps) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -343,7 +351,7 @@ class Predictor:
                     x.mul_(steps.scale)
                 if steps.offset != 0.0:
                     x.add_(steps.offset)
-            y = self.forward(x)
+            y = self.forward(x, steps.planes)
             channels = range(y.shape[1]) if steps.channels is None else steps.channels
             if steps.crop is not None:
                 y = y[(slice(None), slice(None)) + tuple(steps.crop)]
@@ -388,7 +396,7 @@ class Predictor:
         if self._threads is None:
             self._threads = (ThreadPoolExecutor(1, thread_name_prefix="blockpred-network"),
                              ThreadPoolExecutor(AFTER_THREADS, thread_name_prefix="blockpred-after"))
-        network = self._threads[0].submit(_timed, self.forward, x)
+        network = self._threads[0].submit(_timed, self.forward, x, steps.planes)
         del x  # the network's thread holds the input only as long as the network runs
         after = self._threads[1].submit(self._after_network, network, steps, owned if stacked is None else stacked)
 

@@ -34,7 +34,7 @@ from ..errors import BlockFailedError, MissingChunkError
 from ..geometry import Box, Coord
 from ..io.base import Volume
 from ..normalize import Normalization
-from ..padding import read_padded_with_missing
+from ..padding import read_padded_with_missing, source_indices
 from .backoff import Backoff, is_out_of_memory, split_core
 from .infer import DeviceSteps, Pending, Predictor
 from .prefetch import prefetch
@@ -63,6 +63,10 @@ class PipelineSettings:
     max_failures: int = 10
     #: A missing (not stored) input chunk: "warn" reads it as the fill value and counts it; "error" fails the block.
     missing_chunks: str = "warn"
+    #: The spatial axis (0 z, 1 y, 2 x) along which the network takes per-plane constants (a 2D bioimage.io
+    #: package's per-plane statistics): each batch then names the volume plane of every input plane
+    #: (:attr:`DeviceSteps.planes`).  None: a network without.
+    planes_along: int | None = None
 
 
 def run_blocks(
@@ -145,7 +149,8 @@ def run_blocks(
 
     writer = BlockWriter(sink, num_threads=settings.num_writers, max_pending=2 * settings.num_writers,
                          on_written=written, on_failed=failed)
-    device = _DeviceFeed(predictor, settings, backoff, writer, failed, stats)
+    num_planes = None if settings.planes_along is None else source.spatial_shape[settings.planes_along]
+    device = _DeviceFeed(predictor, settings, backoff, writer, failed, stats, num_planes)
     reads = prefetch(blocks, read, num_threads=settings.num_readers, depth=settings.prefetch)
     try:
         with contextlib.closing(reads):
@@ -219,8 +224,10 @@ class _DeviceFeed:
     """
 
     def __init__(self, predictor: Predictor, settings: PipelineSettings, backoff: Backoff, writer: BlockWriter,
-                 failed: Callable[[Block, BlockFailedError], None], stats: RunStats):
+                 failed: Callable[[Block, BlockFailedError], None], stats: RunStats, num_planes: int | None = None):
         self._predictor, self._settings, self._backoff = predictor, settings, backoff
+        #: The volume's planes along ``settings.planes_along`` (what a padded plane's index is reflected in).
+        self._num_planes = num_planes
         self._writer, self._failed, self._stats = writer, failed, stats
         self._queue: deque[tuple[Block, np.ndarray]] = deque()
         #: The batch on the device, its result to come, and the back-off's sizes when it was launched.
@@ -256,8 +263,20 @@ class _DeviceFeed:
         counted = tuple(b.write_box.relative_to(b.core_box.begin).intersect(part).relative_to(part.begin).to_slices()
                         for b in blocks)
         steps = DeviceSteps(scale=scale, offset=offset, channels=self._settings.channels,
-                            output_dtype=self._settings.output_dtype, counted=counted)
+                            output_dtype=self._settings.output_dtype, counted=counted,
+                            planes=self._planes(blocks, data, part))
         return steps.for_core(halo, part.shape)
+
+    def _planes(self, blocks: list[Block], data: np.ndarray, part: Box) -> tuple[tuple[int, ...], ...] | None:
+        """Per block, the volume plane each plane of its network input (``data``, (C, Z, Y, X), from ``part``
+        on) reads along ``planes_along``: padding past the volume's edge as :mod:`blockpred.padding` pads
+        (a reflected plane is the plane it mirrors; a constant one is -1)."""
+        axis = self._settings.planes_along
+        if axis is None:
+            return None
+        depth, mode = data.shape[1 + axis], self._settings.pad_mode
+        return tuple(tuple(int(i) for i in source_indices(begin, begin + depth, self._num_planes, mode))
+                     for begin in (b.read_box.begin[axis] + part.begin[axis] for b in blocks))
 
     def _launch(self) -> None:
         items = [self._queue.popleft() for _ in range(min(self._backoff.batch_size, len(self._queue)))]

@@ -15,7 +15,7 @@ from blockpred.errors import InputNotFoundError, InvalidOptionError, ModelLoadEr
 from blockpred.geometry import Coord
 from blockpred.io import open_volume
 from blockpred.models import load_model
-from blockpred.models.bioimageio import STATISTICS_KEY, is_package
+from blockpred.models.bioimageio import STATISTICS_KEY, is_package, package_sha256, read_package
 from blockpred.models.unet import UNet3d
 from tests.helpers import write_test_volume
 
@@ -59,12 +59,28 @@ def em_like(seed=0) -> np.ndarray:
     return np.clip(rng.normal(128, 40, size=SHAPE), 0, 255).astype(np.uint8)
 
 
-def build_package(root, name, *, raw, expected, weights_file, preprocessing=(), postprocessing=(),
+def run_net(net, x: np.ndarray) -> np.ndarray:
+    """The network on a whole float32 (1, c, z, y, x) array, no padding (as bioimage.io's test_model runs it)."""
+    with torch.inference_mode():
+        return net(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
+
+
+def padded_test_input(raw: np.ndarray, fixed: bool = False) -> np.ndarray:
+    """``raw`` (c, z, y, x) reflect-padded to a size the test packages take (56 + k*4, or the fixed 16 + 2 * halo),
+    as float32 (1, c, z, y, x): a package's test input must be one its network accepts."""
+    sizes = [16 + 2 * HALO] * 3 if fixed else [56 + max(0, -(-(n - 56) // 4)) * 4 for n in raw.shape[1:]]
+    pads = [(0, 0)] + [((s - n) // 2, s - n - (s - n) // 2) for s, n in zip(sizes, raw.shape[1:])]
+    return np.pad(raw, pads, mode="reflect").astype(np.float32)[None]
+
+
+def build_package(root, name, *, raw, reference, weights_file, preprocessing=(), postprocessing=(),
                   channels_last=False, fixed=False, batch=True):
     """A model package in folder ``root/name`` (rdf.yaml) and ``root/name.zip``, made by bioimageio.spec.
 
-    ``raw`` (z, y, x) or (c, z, y, x) is the test input, ``expected`` (1, c, z, y, x) the test output;
-    ``channels_last``: the network's axes are (b, z, y, x, c); ``batch=False``: (c, z, y, x), no batch axis.
+    ``raw`` (z, y, x) or (c, z, y, x), padded to a size the package takes (:func:`padded_test_input`), is its test
+    input, and ``reference(x)`` of that (1, c, z, y, x) input, the package's processing and network on the
+    whole tensor, (1, c, z, y, x), its test output; ``channels_last``: the network's axes are (b, z, y, x, c);
+    ``batch=False``: (c, z, y, x), no batch axis.
     """
     from bioimageio.spec import ValidationContext, save_bioimageio_package, save_bioimageio_package_as_folder
     from bioimageio.spec.common import FileDescr
@@ -74,7 +90,8 @@ def build_package(root, name, *, raw, expected, weights_file, preprocessing=(), 
     work = root / f"{name}-src"
     work.mkdir()
     raw = raw if raw.ndim == 4 else raw[None]
-    test_in, test_out = raw[None].astype(np.float32), expected
+    test_in = padded_test_input(raw, fixed)
+    test_out = np.asarray(reference(test_in), dtype=np.float32)
     if not batch:
         test_in, test_out = test_in[0], test_out[0]
     if channels_last:
@@ -135,7 +152,8 @@ def packages(tmp_path_factory):
     x = np.clip((values - np.float32(lo)) / np.float32(hi - lo + EPS), 0.0, 1.0)
     expected_range = whole_volume(net, x)
     scale_range = build_package(
-        root, "scale_range", raw=raw, expected=expected_range, weights_file=scripted,
+        root, "scale_range", raw=raw, reference=lambda t: run_net(net, np.clip(scale_range_of(t, 1.0, 99.5), 0, 1)),
+        weights_file=scripted,
         preprocessing=[m.ScaleRangeDescr(kwargs=m.ScaleRangeKwargs(
                            axes=[m.AxisId(a) for a in ("channel", "z", "y", "x")], min_percentile=1.0,
                            max_percentile=99.5)),
@@ -145,12 +163,27 @@ def packages(tmp_path_factory):
     x = (values - np.float32(mean)) / np.float32(std + EPS)
     expected_zmuv = whole_volume(net, x) * 2.0 + 0.5
     zmuv = build_package(
-        root, "zmuv", raw=raw, expected=expected_zmuv, weights_file=wrapped, channels_last=True,
+        root, "zmuv", raw=raw, reference=lambda t: run_net(net, zero_mean_unit_variance(t)) * 2.0 + 0.5,
+        weights_file=wrapped, channels_last=True,
         preprocessing=[m.ZeroMeanUnitVarianceDescr(kwargs=m.ZeroMeanUnitVarianceKwargs(
             axes=[m.AxisId(a) for a in ("batch", "z", "y", "x")]))],
         postprocessing=[m.ScaleLinearDescr(kwargs=m.ScaleLinearKwargs(gain=2.0, offset=0.5))])
     return {"root": root, "volume": volume, "raw": raw, "net": net, "scripted": scripted,
             "scale_range": (scale_range, expected_range, (lo, hi)), "zmuv": (zmuv, expected_zmuv, (mean, std))}
+
+
+def scale_range_of(x: np.ndarray, lo_q: float, hi_q: float, per_channel: bool = False) -> np.ndarray:
+    """scale_range of (1, c, z, y, x) float32 by its own percentiles (per channel, or over all channels)."""
+    values = x[0].reshape(x.shape[1], -1) if per_channel else x.reshape(1, -1)
+    lo, hi = np.percentile(values, [lo_q, hi_q], axis=1)
+    shape = (1, -1, 1, 1, 1)
+    return (x - lo.astype(np.float32).reshape(shape)) / (hi - lo + EPS).astype(np.float32).reshape(shape)
+
+
+def zero_mean_unit_variance(x: np.ndarray) -> np.ndarray:
+    """zero_mean_unit_variance of float32 ``x`` by its own mean and standard deviation (float64, ddof 0)."""
+    values = x.astype(np.float64)
+    return (x - np.float32(values.mean())) / np.float32(values.std() + EPS)
 
 
 def predict(packages, model, out_name, **options):
@@ -170,18 +203,18 @@ def assert_close(got, expected):
 # ---------------------------------------------------------------------- predicting
 
 
-def test_a_package_with_percentile_scaling_predicts_blockwise_as_its_test_output(packages):
+def test_a_package_with_percentile_scaling_predicts_blockwise_as_the_network_on_the_whole_volume(packages):
+    """(Its test output is the network on its test input, unpadded, as bioimage.io's test_model runs it: the run
+    checks it first, see tests/models/test_check.py; the blocks equal the whole volume padded by the halo.)"""
     rdf, expected, _ = packages["scale_range"]
     got, _ = predict(packages, rdf, "scale_range")
-    assert_close(got, np.load(rdf.parent / "output.npy")[0])  # the package's own test output
-    assert_close(got, expected[0])  # the same, computed here from numpy's percentiles of the whole volume
+    assert_close(got, expected[0])  # computed here from numpy's percentiles of the whole volume
 
 
 def test_a_zipped_channels_last_package_with_dataset_statistics_and_postprocessing_predicts_blockwise(packages):
     rdf, expected, _ = packages["zmuv"]
     zipped = rdf.parent.parent / "zmuv.zip"
     got, _ = predict(packages, zipped, "zmuv")
-    assert_close(got, np.moveaxis(np.load(rdf.parent / "output.npy")[0], -1, 0))
     assert_close(got, expected[0])
 
 
@@ -215,6 +248,8 @@ def test_a_format_0_4_package_with_per_dataset_statistics_predicts_blockwise(pac
     shutil.copytree(packages["scale_range"][0].parent, folder)
     (folder / "README.md").write_text("# a test package\n")
     (folder / "rdf.yaml").write_text(RDF_0_4.replace("HALO", str(HALO)))
+    test_input = np.load(folder / "input.npy")  # its test output: what this package makes of it
+    np.save(folder / "output.npy", 1 / (1 + np.exp(-run_net(packages["net"], zero_mean_unit_variance(test_input)))))
     values = packages["raw"].astype(np.float64)[None, None]
     x = ((values - values.mean()) / (values.std() + EPS)).astype(np.float32)
     expected = 1 / (1 + np.exp(-whole_volume(packages["net"], x).astype(np.float64)))
@@ -254,13 +289,14 @@ def test_a_loaded_package_says_its_name_channels_halo_and_input_sizes(packages):
     assert loaded.downsampling == Coord((4, 4, 4)) and loaded.default_halo == Coord((HALO,) * 3)
     assert loaded.default_block == Coord((64, 64, 64))
     assert len(loaded.weights_sha256) == 64
+    assert loaded.weights_sha256 == package_sha256(read_package(rdf))  # told without loading (a check's cache key)
     with pytest.raises(ValueError, match="accepts network inputs of z 56 \\+ k\\*4"):
         loaded.module(torch.zeros(1, 1, 18, 16, 16))
 
 
 def test_a_fixed_input_shape_makes_the_default_block_and_refuses_others(packages, tmp_path):
     raw = packages["raw"]
-    rdf = build_package(tmp_path, "fixed", raw=raw, expected=np.zeros((1, 2) + SHAPE, np.float32),
+    rdf = build_package(tmp_path, "fixed", raw=raw, reference=lambda t: run_net(packages["net"], t),
                         weights_file=packages["scripted"], fixed=True)
     loaded = load_model(str(rdf))
     assert loaded.default_block == Coord((16, 16, 16)) and loaded.downsampling == Coord((1, 1, 1))
@@ -302,6 +338,7 @@ def test_an_architecture_source_in_the_package_runs_only_with_trust(packages, tm
     assert not marker.exists()
     loaded = load_model(str(rdf), model_kwargs=stats, trust_pickle=True)
     assert marker.exists() and loaded.out_channels == 2
+    assert loaded.weights_sha256 == package_sha256(read_package(rdf))  # the weights and the source
 
 
 def test_a_config_file_cannot_trust_an_architecture_source(packages, tmp_path):
@@ -436,7 +473,8 @@ def test_a_package_without_a_batch_axis_runs_a_batch_one_block_at_a_time(package
     torch.jit.script(NoBatch(packages["net"])).save(str(weights))
     x = packages["raw"].astype(np.float32)[None, None] * np.float32(1 / 255)
     expected = 1 / (1 + np.exp(-whole_volume(packages["net"], x).astype(np.float64)))
-    rdf = build_package(tmp_path, "nobatch", raw=packages["raw"], expected=expected.astype(np.float32),
+    rdf = build_package(tmp_path, "nobatch", raw=packages["raw"],
+                        reference=lambda t: 1 / (1 + np.exp(-run_net(packages["net"], t * np.float32(1 / 255)))),
                         weights_file=weights, batch=False,
                         preprocessing=[m.ScaleLinearDescr(kwargs=m.ScaleLinearKwargs(gain=1 / 255))],
                         postprocessing=[m.SigmoidDescr()])
@@ -456,7 +494,8 @@ def test_statistics_per_channel_when_the_axes_leave_the_channel_out(tmp_path):
     weights = tmp_path / "two.pt"
     torch.jit.script(net).save(str(weights))
     raw = np.stack([em_like(0), em_like(1) // 2])
-    rdf = build_package(tmp_path, "two", raw=raw, expected=np.zeros((1, 2) + SHAPE, np.float32), weights_file=weights,
+    rdf = build_package(tmp_path, "two", raw=raw, weights_file=weights,
+                        reference=lambda t: np.clip(run_net(net, scale_range_of(t, 5, 95, per_channel=True)), -.5, .5),
                         preprocessing=[m.ScaleRangeDescr(kwargs=m.ScaleRangeKwargs(
                             axes=[m.AxisId(a) for a in "zyx"], min_percentile=5.0, max_percentile=95.0))],
                         postprocessing=[m.ClipDescr(kwargs=m.ClipKwargs(min=-0.5, max=0.5))])
