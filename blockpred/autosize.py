@@ -50,7 +50,7 @@ from .errors import InvalidOptionError
 from .geometry import Coord
 from .pipeline import Predictor, is_out_of_memory
 from .sizecache import CachedSizes, SizeCache, cache_key, device_key
-from .sizing import SizeChoice, SizeProblem, Trial, model_key, probe_block, quick_trial_passes
+from .sizing import FAILED, SizeChoice, SizeProblem, Trial, model_key, probe_block, quick_trial_passes
 
 __all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key",
            "foreseen_batch_saving_s", "foreseen_saving_s", "model_key", "pick", "probe_block",
@@ -105,11 +105,16 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
                 pending = nxt
             _finish(pending)
             seconds = (time.perf_counter() - start) / repeats
-        except Exception as err:  # noqa: BLE001 - only out of memory is an outcome; the rest is a real error
-            if not is_out_of_memory(err):
-                raise
+        except Exception as err:  # noqa: BLE001 - out of memory and a refused shape are outcomes
             predictor.release_memory()
-            return Trial(block, batch, "out of memory")
+            if is_out_of_memory(err):
+                return Trial(block, batch, "out of memory")
+            # A shape the network refuses (the grid it was found on should prevent it): skipped, said in
+            # --verbose; the run goes on with the blocks that ran.
+            text = str(err).strip()
+            logger.info("trial block %s batch %d failed, skipped: %s", "x".join(map(str, block)), batch,
+                        text.splitlines()[0] if text else type(err).__name__)
+            return Trial(block, batch, f"{FAILED}: {text.splitlines()[0][:200] if text else type(err).__name__}")
         peak = torch.cuda.max_memory_allocated(predictor.device) - baseline if cuda else None
         if budget_bytes is not None and peak is not None and peak > budget_bytes:
             predictor.release_memory()
@@ -198,6 +203,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             if coarse and foreseen_saving_s(problem, trials, block) < foreseen_s(block, batch):
                 break  # the trial would cost more than the block may save in this run
             trial = attempt(block, batch)
+            if trial.failed:
+                continue  # this shape only: a larger block may run
             if not trial.fits:
                 break
             slower = slower + 1 if score(trial) < 0.9 * best else 0
@@ -209,6 +216,11 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             if attempt(block, batch).fits:
                 break
     fitting = [t for t in trials if t.fits]
+    if not fitting and all(t.failed for t in trials):
+        raise InvalidOptionError(
+            f"the network failed on every block tried ({', '.join('x'.join(map(str, t.block)) for t in trials)}): "
+            f"{trials[-1].outcome}; name --block and --downsampling"
+        )
     if not fitting:
         smallest = trials[-1]
         raise InvalidOptionError(

@@ -119,18 +119,61 @@ def format_table(results: list[ThroughputResult]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class RunChoice:
+    """What ``blockpred run`` chooses for a uint8 volume of a shape (:func:`run_choice`)."""
+
+    block: Coord
+    halo: Coord
+    batch_size: int
+    memory_format: str
+    #: The run's own words for the choice (its measured defaults' line and its halo's).
+    how: str
+
+
+def run_choice(*, model: str, weights: str | None, region: Coord, precision: str, device: str,
+               block: Coord | None = None, halo: Coord | None = None, batch_size: int | None = None,
+               memory_format: str | None = None, tta: str = "off") -> RunChoice:
+    """The block, halo, batch and memory format ``blockpred run`` would take over a uint8 volume of shape
+    ``region`` on ``device`` at ``precision`` (what is named stays named): the run's own planning
+    (:func:`blockpred.prepare.prepare`, its measured defaults and caches included) on an empty volume of
+    that shape in a temporary directory (no chunk is written; its reads are of zeros)."""
+    import tempfile
+    from pathlib import Path
+
+    from .config import make_config
+    from .io import create_volume, open_volume, parse_volume_path
+    from .prepare import prepare
+
+    with tempfile.TemporaryDirectory(prefix="blockpred-bench-") as workdir:
+        source_path = parse_volume_path(str(Path(workdir) / "region.zarr"))
+        create_volume(source_path, spatial_shape=region, num_channels=None, dtype="uint8",
+                      chunk_shape=tuple(min(64, s) for s in region), ome=False).close()
+        cfg = make_config(model=model, weights=weights, block=block, halo=halo, batch_size=batch_size,
+                          memory_format=memory_format, precision=precision, device=device, tta=tta, local=True,
+                          progress=False)
+        with open_volume(source_path) as source:
+            p = prepare(cfg, source, source_path, parse_volume_path(str(Path(workdir) / "out.zarr")))
+    how = "; ".join(filter(None, [f"chosen {p.defaults}" if p.defaults is not None else "",
+                                  p.layout.halo.note() if p.layout.halo is not None else ""]))
+    return RunChoice(p.layout.plan.block_shape, p.layout.plan.halo, p.settings.batch_size, p.memory_format, how)
+
+
 def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str | None = None,
-        halo: Coord | None = None, batch_sizes: tuple[int | str, ...] = (1,), precisions: tuple[str, ...] = ("fp32",),
-        device: str = "auto", warmup: int = 2, iterations: int = 5, compile: str = "off",
-        memory_format: str = "contiguous", region: Coord = Coord((128, 256, 256)),
+        halo: Coord | None = None, batch_sizes: tuple[int | str, ...] | None = None,
+        precisions: tuple[str, ...] = ("fp32",), device: str = "auto", warmup: int = 2, iterations: int = 5,
+        compile: str = "off", memory_format: str | None = None, region: Coord = Coord((128, 256, 256)),
         progress=None, tta: str = "off") -> list[ThroughputResult]:
-    """Measure every batch size x precision; shapes from the options or the model's defaults.
+    """Measure every batch size x precision; shapes from the options, else what ``blockpred run`` would choose.
 
     ``tta`` times the network under test-time augmentation (a pass per flip), so
     Mvox/s and the extrapolation from it count what ``run --tta`` costs.
 
-    ``block="auto"`` or a batch size ``"auto"`` choose them per precision as
-    ``blockpred run`` would for a volume of shape ``region``.
+    What is not named (the block, the halo, the batch: ``batch_sizes=None``, the
+    memory format) is what ``blockpred run`` would choose per precision for a
+    uint8 volume of shape ``region`` (:func:`run_choice`: its measured
+    defaults, its receptive-field halo).  ``block="auto"`` or a batch size
+    ``"auto"`` run the full trial search of ``run --block auto`` instead.
     """
     from .models import load_model
     from .models.planes import check_halo, default_halo
@@ -144,17 +187,29 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     given = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
     halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else
                                            DEFAULT_HALO if loaded.plane is None else default_halo(loaded.plane))
-    if loaded.plane is not None:
+    if loaded.plane is not None and halo is not None:
         check_halo(halo_, loaded.plane, loaded.name)
     in_channels = loaded.in_channels or 1
     if isinstance(block, Coord):  # the rule `run` applies, before any device time is spent
         check_block_on_grid(given, loaded.downsampling)
     results = []
     for precision in precisions:
-        chosen = given
+        chosen, layout = given, memory_format or "contiguous"
+        batches = list(batch_sizes) if batch_sizes is not None else [None]
+        if block != "auto" and "auto" not in batches and (block is None or None in batches or memory_format is None
+                                                          or halo is None):
+            choice = run_choice(model=model, weights=weights, region=region, precision=precision, device=device,
+                                block=block, halo=halo, batch_size=batches[0] if len(batches) == 1 else 1,
+                                memory_format=memory_format, tta=tta)
+            chosen, halo_, layout = choice.block, choice.halo, choice.memory_format
+            batches = [choice.batch_size if b is None else b for b in batches]
+            if progress is not None:
+                progress(f"{loaded.name} {precision}: as `blockpred run` would over "
+                         f"{'x'.join(map(str, region))} uint8: block {'x'.join(map(str, chosen))}, batch "
+                         f"{batches[0]}, {layout}; {choice.how}")
+        batches = [1 if b is None else b for b in batches]
         predictor = Predictor(with_tta(loaded.module, tta), target, precision, compile=compile,
-                              memory_format=memory_format)
-        batches = list(batch_sizes)
+                              memory_format=layout)
         if block == "auto" or "auto" in batches:
             sizing = _auto_size(loaded, predictor, in_channels, chosen, halo_, region,
                                 search_block=block == "auto", fixed_batch=None if "auto" in batches else batches[0])

@@ -28,6 +28,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="preset (tiny, cremi2018, unet32), model file, package.module:factory, or a "
                    "bioimage.io package (rdf.yaml, its folder, or .zip) [tiny]")
     g.add_argument("--weights", help="state-dict file for a factory or preset (loaded with weights_only=True)")
+    g.add_argument("--model-kwargs", metavar="KEY=VALUE,...",
+                   help="arguments of a factory (or a state dict's architecture), e.g. in_channels=1,out_channels=1; "
+                        "values read as YAML (1, 0.5, true, [1,2,2]); over the config's model_kwargs")
     g.add_argument("--trust-pickle", action="store_true", default=None,
                    help="allow unpickling a whole checkpoint, or running a bioimage.io package's architecture "
                         "source; this runs code from the file, so only for trusted files")
@@ -113,8 +116,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "at most every second, an end event with the summary or the error")
 
 
-_RUN_KEYS = ("model", "weights", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode", "device",
-             "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
+_RUN_KEYS = ("model", "weights", "model_kwargs", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode",
+             "device", "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
              "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
              "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method",
              "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs", "partition", "account",
@@ -143,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="predict a volume", description="Predict INPUT block by block into OUTPUT.")
-    run.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset or file.h5:/dataset")
+    run.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset, file.h5:/dataset, stack.tif (OME-TIFF) or a "
+                     "folder of TIFF/PNG slices")
     run.add_argument("output", nargs="?", help="where to write [a sibling 'prediction' dataset, or vol.prediction.zarr]")
     run.add_argument("--config", help="YAML file with any of the options below (flags override it), or the name of "
                      "one shipped with blockpred (tiny, cremi2018, unet32, cluster-run)")
@@ -153,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="what `run` would do and how long it would take; runs and writes nothing",
                           description="Check and plan INPUT -> OUTPUT as `run` would, and print the plan: blocks, "
                                       "halo overhead, output files and the expected runtime on 1..N GPUs.")
-    plan.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset or file.h5:/dataset")
+    plan.add_argument("input", help="vol.zarr[/dataset], vol.n5/dataset, file.h5:/dataset, stack.tif or a folder "
+                      "of slices")
     plan.add_argument("output", nargs="?", help="where `run` would write [as for run]")
     plan.add_argument("--config", help="YAML file with any of the run options (flags override it)")
     plan.add_argument("--assume-mvox-per-s", type=float,
@@ -166,13 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default="tiny", help="preset, model file or package.module:factory [tiny]")
     bench.add_argument("--weights", help="state-dict file for a factory or preset")
     bench.add_argument("--block", help="block core Z,Y,X, or auto (as `run --block auto` for --volume-shape) "
-                       "[model's default]")
-    bench.add_argument("--halo", help="halo Z,Y,X [model's default]")
-    bench.add_argument("--batch-size", default="1", help="batch sizes, e.g. 1,2,4 or auto [1]")
+                       "[what `run` would choose for --volume-shape]")
+    bench.add_argument("--halo", help="halo Z,Y,X [the run's: the model's, else its receptive field]")
+    bench.add_argument("--batch-size", help="batch sizes, e.g. 1,2,4 or auto [what `run` would choose]")
     bench.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead", "max-autotune"),
                        help="torch.compile the network [off]")
-    bench.add_argument("--memory-format", default="contiguous", choices=("contiguous", "channels_last"),
-                       help="activation layout [contiguous]")
+    bench.add_argument("--memory-format", choices=("contiguous", "channels_last"),
+                       help="activation layout [what `run` would choose]")
     bench.add_argument("--tta", default="off", choices=("off", "flips", "flips-yx"),
                        help="time the network under test-time augmentation (a pass per flip), so Mvox/s and "
                             "--extrapolate count its cost [off]")
@@ -192,6 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write every figure and the environment to this JSON file")
     bench.add_argument("--markdown", help="write the tables as markdown to this file")
     bench.add_argument("--plot", help="PNG of throughput against batch size and precision (needs matplotlib: pip install -e \".[bench]\")")
+
+    check = sub.add_parser("check-model", help="what blockpred finds of a network, and whether a bioimage.io "
+                           "package reproduces its own test output",
+                           description="Load MODEL as `run` would; for a bioimage.io package, run its test input "
+                                       "as the package defines it and compare with its test output (exit 2 if it "
+                                       "does not match); then print the network's downsampling, the input sizes it "
+                                       "takes, its receptive field and the halo `run` would take.")
+    check.add_argument("model", help="preset, model file, package.module:factory or a bioimage.io package")
+    check.add_argument("--weights", help="state-dict file for a factory or preset")
+    check.add_argument("--model-kwargs", metavar="KEY=VALUE,...", help="arguments of a factory (values read as YAML)")
+    check.add_argument("--trust-pickle", action="store_true", help="as for run")
+    check.add_argument("--plane", choices=("yx", "zy", "zx"), help="as for run")
+    check.add_argument("--in-channels", type=int, help="input channels, where the network does not say [1]")
+    check.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     demo = sub.add_parser("demo", help="predict a synthetic EM volume with the default network")
     demo.add_argument("--dir", default="blockpred-demo", help="where to write the demo volume and output [./blockpred-demo]")
@@ -238,6 +257,53 @@ def _plan(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in _RUN_KEYS}
     print(plan(args.input, args.output, config=args.config, assume_mvox_per_s=args.assume_mvox_per_s, gpus=gpus,
                **options))
+    return 0
+
+
+def _check_model(args: argparse.Namespace) -> int:
+    from .config import parse_model_kwargs
+    from .errors import PackageTestFailedError
+    from .halo import choose_halo
+    from .models import load_model
+    from .models.check import check_model
+    from .models.field import network_field, stated_field
+    from .models.planes import stack_axis
+    from .runlayout import model_key_of
+    from .config import make_config
+
+    kwargs = parse_model_kwargs(args.model_kwargs) if args.model_kwargs else {}
+    result = check_model(args.model, args.weights, trust_pickle=args.trust_pickle, plane=args.plane,
+                         model_kwargs=kwargs)
+    report: dict = {"model": result.name, "kind": result.kind, "test": str(result), "passed": result.passed}
+    if result.passed is False:
+        raise PackageTestFailedError(str(result))
+    lines = [str(result)]
+    try:
+        loaded = load_model(args.model, weights=args.weights, model_kwargs=kwargs, trust_pickle=args.trust_pickle,
+                            plane=args.plane)
+    except Exception as err:  # noqa: BLE001 - a package that normalises with a volume's statistics has none here
+        lines.append(f"receptive field: measured by `run` and `plan`, which have a volume ({one_line(err)})")
+        report["field"] = None
+    else:
+        cfg = make_config(model=args.model, weights=args.weights, model_kwargs=kwargs, plane=args.plane)
+        in_channels = args.in_channels or loaded.in_channels or 1
+        plane_axis = stack_axis(loaded.plane) if loaded.plane is not None else None
+        field = (stated_field(loaded.downsampling, loaded.receptive_radius) if loaded.receptive_radius is not None
+                 else network_field(loaded.module, in_channels, model_key_of(cfg, loaded), plane_axis=plane_axis,
+                                    hint=loaded.downsampling if loaded.downsampling != Coord((1, 1, 1)) else None))
+        halo = choose_halo(named=None, model_halo=loaded.default_halo, field=field, downsampling=field.downsampling,
+                           plane_axis=plane_axis)
+        shape = lambda c: "x".join(map(str, c))  # noqa: E731
+        lines += [f"network   {'2D on ' + loaded.plane + ' planes' if loaded.plane else '3D'}, {in_channels} input "
+                  f"channel(s); downsampling {shape(field.downsampling)} ({'/'.join(field.grid.how)}); "
+                  f"input sizes {field.grid.sizes_taken()}"
+                  + (f"; valid: consumes {shape(field.grid.context)} per side" if any(field.grid.context) else ""),
+                  f"halo      {halo.note(label='')}"]
+        if halo.warning():
+            lines.append(f"note      {halo.warning()}")
+        report.update({"plane": loaded.plane, "grid_how": list(field.grid.how),
+                       "sizes": field.grid.sizes_taken(), **halo.as_dict()})
+    print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
 
 
@@ -291,10 +357,11 @@ def _bench(args: argparse.Namespace) -> int:
         if args.block:
             block = "auto" if args.block.strip().lower() == "auto" else parse_shape(args.block, "block")
         halo = parse_shape(args.halo, "halo") if args.halo else None
-        batch_sizes = ["auto"] if args.batch_size.strip().lower() == "auto" else numbers(args.batch_size, "--batch-size")
+        batch_sizes = (None if args.batch_size is None else ["auto"] if args.batch_size.strip().lower() == "auto"
+                       else numbers(args.batch_size, "--batch-size"))
         results = benchmark.run(
             model=args.model, weights=args.weights, block=block, halo=halo,
-            batch_sizes=tuple(batch_sizes), precisions=tuple(precisions),
+            batch_sizes=None if batch_sizes is None else tuple(batch_sizes), precisions=tuple(precisions),
             device=args.device, warmup=args.warmup, iterations=args.iterations, compile=args.compile,
             memory_format=args.memory_format, region=parse_shape(args.volume_shape, "volume shape"),
             progress=lambda text: say(f"measuring {text}"), tta=args.tta)
@@ -341,7 +408,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.extrapolate:
         datasets = [parse_size(s) for s in args.extrapolate.split(",")]
         rows = extrapolate(datasets, numbers(args.gpus, "--gpus"), mvox)
-        print(format_extrapolation(rows, mvox, 1.0, overhead))
+        print(format_extrapolation(rows, mvox, 1.0, overhead, None if not results else best.device))
         report["extrapolation"] = [{"dataset": r.dataset.name, "voxels": r.dataset.voxels, "gpus": r.gpus,
                                     "hours": r.hours, "days": r.days, "mvox_per_s_per_gpu": mvox} for r in rows]
     if args.json:
@@ -361,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        commands = {"run": _run, "plan": _plan, "bench": _bench, "demo": _demo}
+        commands = {"run": _run, "plan": _plan, "bench": _bench, "demo": _demo, "check-model": _check_model}
         return commands[args.command](args)
     except Exception as err:  # noqa: BLE001 - every error is one line (with --debug, its traceback)
         if args.debug:

@@ -343,6 +343,8 @@ def _normalise(name: str, value: Any) -> Any:
             raise InvalidOptionError(
                 f"channels must be a list of channel indices, got {value!r}{_reason(err)}") from None
     if name == "model_kwargs":
+        if isinstance(value, str):
+            return parse_model_kwargs(value)
         if not isinstance(value, Mapping):
             raise InvalidOptionError(f"model_kwargs must be a mapping, got {value!r}")
         return dict(value)
@@ -366,6 +368,40 @@ def _normalise(name: str, value: Any) -> Any:
                 "jobqueue_config", "progress_json"):
         return str(value)
     return value
+
+
+def parse_model_kwargs(text: str) -> dict[str, Any]:
+    """``KEY=VALUE,...`` (``--model-kwargs``) as a dict, each value read as YAML: ``n=16,pool=[1,2,2],bn=true``
+    gives ``{"n": 16, "pool": [1, 2, 2], "bn": True}``.  Commas inside brackets or quotes belong to the value."""
+    items, depth, quote, current = [], 0, "", ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(current)
+            current = ""
+            continue
+        current += char
+    items.append(current)
+    kwargs: dict[str, Any] = {}
+    for item in (i.strip() for i in items):
+        key, sep, value = item.partition("=")
+        if not item or not sep or not key.strip().isidentifier():
+            raise InvalidOptionError(
+                f"--model-kwargs must be KEY=VALUE pairs separated by commas, such as in_channels=1,out_channels=1; "
+                f"got {item!r} in {text!r}")
+        try:
+            kwargs[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            raise InvalidOptionError(f"--model-kwargs: the value of {key.strip()!r} ({value!r}) is not a YAML value; "
+                                     f"quote a string") from None
+    return kwargs
 
 
 #: The run configs in blockpred's checkout (``configs/``), named by ``--config NAME``.
@@ -411,6 +447,9 @@ def make_config(config_file: str | os.PathLike | None = None, **overrides: Any) 
     from_file: dict[str, Any] = load_config_file(config_file) if config_file is not None else {}
     given = {k: v for k, v in overrides.items() if v is not None}
     values = {**from_file, **given}
+    if isinstance(from_file.get("model_kwargs"), Mapping) and "model_kwargs" in given:
+        # --model-kwargs adds to the config's arguments (and wins where both name one)
+        values["model_kwargs"] = {**from_file["model_kwargs"], **_normalise("model_kwargs", given["model_kwargs"])}
     known = set(_field_names())
     unknown = sorted(set(values) - known)
     if unknown:

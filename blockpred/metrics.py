@@ -91,15 +91,19 @@ def extrapolate(datasets: list[Dataset], gpus: list[int], mvox_per_s: float,
 
 
 def format_extrapolation(rows: list[ExtrapolationRow], mvox_per_s: float, efficiency: float,
-                         overhead: float | None) -> str:
-    """The table printed by ``blockpred bench --extrapolate``."""
-    lines = [f"runtime at {mvox_per_s:.4g} Mvox/s per GPU (output voxels; per device when measured on a CPU)",
-             "assumption: embarrassingly parallel, N GPUs = N x one-GPU throughput"
+                         overhead: float | None, device: str | None = None) -> str:
+    """The table printed by ``blockpred bench --extrapolate``; ``device``: the one that measured the figure
+    (None: assumed), which names what the figure is per (a GPU, or a CPU worker)."""
+    unit = "CPU worker" if device is not None and not str(device).startswith("cuda") else "GPU"
+    measured = f"measured on {device}" if device is not None else "assumed"
+    lines = [f"runtime at {mvox_per_s:.4g} Mvox/s per {unit} (output voxels, {measured})",
+             f"assumption: embarrassingly parallel, N {unit}s = N x one {unit}'s throughput"
              + (f" x measured multi-worker efficiency {efficiency:.2f}" if efficiency < 1 else ""),
              ]
     if overhead is not None:
         lines.append(f"halo overhead: {overhead:.2f} network-input voxels per output voxel (included in the throughput)")
-    lines.append(f"{'dataset':<16} {'voxels':>10} {'GPUs':>5} {'hours':>10} {'days':>8}")
+    column = "GPUs" if unit == "GPU" else "CPUs"
+    lines.append(f"{'dataset':<16} {'voxels':>10} {column:>5} {'hours':>10} {'days':>8}")
     for row in rows:
         hours = f"{row.hours:.1f}" if row.hours >= 1 else f"{row.hours:.3f}"
         lines.append(f"{row.dataset.name:<16} {row.dataset.voxels:>10.3g} {row.gpus:>5d} "

@@ -25,7 +25,7 @@ class NetworkGeometry:
     context: Coord  # voxels a valid network consumes on each side (0 for 'same')
 
 
-def _dry_run(predictor: Predictor, in_channels: int, shape: Coord) -> tuple[int, Coord]:
+def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | None = None) -> tuple[int, Coord]:
     try:
         out = predictor.output_shape((1, in_channels) + tuple(shape))
     except Exception as err:
@@ -34,6 +34,11 @@ def _dry_run(predictor: Predictor, in_channels: int, shape: Coord) -> tuple[int,
             raise InvalidOptionError(
                 f"the network ran out of device memory on one block (input {'x'.join(map(str, shape))}): "
                 f"use a smaller --block, or --block auto to find the largest that fits"
+            ) from err
+        if sizes is not None:
+            raise InvalidOptionError(
+                f"the network does not take an input of {'x'.join(map(str, shape))} ({first_line}); it takes "
+                f"sizes {sizes}: choose --block (and --halo) so that block + 2 x halo is one of them"
             ) from err
         raise ModelLoadError(
             f"the network failed on an input of shape (1, {in_channels}, {', '.join(map(str, shape))}): {first_line}; "
@@ -54,16 +59,19 @@ def probe_network(
     halo: Coord,
     downsampling: Coord,
     first_input: Coord | None = None,
+    sizes: str | None = None,
 ) -> NetworkGeometry:
     """The geometry of the network on this block and halo (see the module docstring).
 
     ``first_input`` is the shape of the first dry run; by default ``block + 2 x
     halo`` rounded up to the downsampling, which a 'same' network accepts.  A
     valid network that can say which input shapes it takes passes one here.
+    ``sizes``: the input sizes the network was found to take (:meth:`~blockpred.models.discover.Grid.sizes_taken`),
+    named in the one line a refused input gets.
     """
     if first_input is None:
         first_input = (block + halo * 2).ceil_div(downsampling) * downsampling
-    out_channels, first_output = _dry_run(predictor, in_channels, first_input)
+    out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes)
     shrink = first_input - first_output
     if any(s < 0 or s % 2 for s in shrink):
         raise ModelLoadError(

@@ -40,7 +40,7 @@ from .output import check_inodes, check_place_free
 from .padding import read_padded
 from .pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
 from .precision import AUTO, FALLBACK, auto_precision, check_precision
-from .runlayout import Layout, check_channels, choose_format, network_downsampling, start_format, plan_layout
+from .runlayout import Layout, check_channels, choose_format, network_field_of, plan_layout, start_format
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ def default_output_path(source: VolumePath) -> VolumePath:
     """
     if source.dataset and source.format != "precomputed":
         return source.sibling("prediction")
+    if source.format == "tiff":  # read-only: the output is a zarr beside the stack or the folder of slices
+        stem = source.container.name.split(".")[0] or source.container.name
+        return VolumePath("zarr", source.container.with_name(stem + ".prediction.zarr"), "")
     suffix = source.container.suffix
     return VolumePath(source.format, source.container.with_name(source.container.stem + ".prediction" + suffix), "")
 
@@ -65,6 +68,9 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
     is the place it reaches.  The output's markers must not touch the input
     either, and ``overwrite`` never deletes through a symbolic link.
     """
+    if target.format == "tiff":
+        raise InvalidOptionError(f"cannot write {str(target)!r}: TIFF inputs are read-only; write the output to a "
+                                 f".zarr, .n5 or .h5 path")
     if target.format == "hdf5" and not target.dataset:
         raise InvalidOptionError(f"HDF5 output {str(target)!r} names no dataset; use for example {target}prediction")
     for role, protected in (("input", source), ("mask", mask)):
@@ -293,21 +299,27 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
             predictor.use_precision(check.precision)
         precision_note = str(check)
 
-    resume_block = None
+    resume_block = resume_halo = None
     if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
+    if previous is not None and not cfg.overwrite and cfg.halo is None and previous.fingerprint.get("halo"):
+        resume_halo = Coord(previous.fingerprint["halo"])  # ... and the halo
     # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
     finished = previous.finished() if previous is not None and not cfg.overwrite else None
+    resumed_run = previous is not None and not cfg.overwrite  # its halo was said when it started
     todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
     if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
     checked = auto and precision in ("fp16", "bf16")  # auto's low precision: compared with fp32 first
+    field = network_field_of(cfg, model, in_channels)
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
-                         todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None)
+                         todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None,
+                         field=field, resume_halo=resume_halo)
     cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
     plan, geometry, output = layout.plan, layout.geometry, layout.output
-    step = block_step(network_downsampling(cfg, model), cfg.output_chunks, cfg.shards)
-    warnings = [small_block_warning(plan, step),
+    step = block_step(layout.downsampling, cfg.output_chunks, cfg.shards)
+    warnings = [layout.halo.warning() if layout.halo is not None and not resumed_run else "",
+                small_block_warning(plan, step),
                 _slow_precision_warning(cfg.precision, device), _long_run_warning(layout.defaults, device)]
     for warning in filter(None, warnings):
         logger.warning("%s", warning)
@@ -317,9 +329,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         num_writers=cfg.num_writers or default_io_threads(cfg),
         prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
         normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
-        downsampling=network_downsampling(cfg, model),
-        planes_along=getattr(model.module, "planes_along", None),  # a 2D package's per-plane statistics
+        downsampling=layout.downsampling,
         missing_chunks=cfg.missing_chunks,
+        planes_along=getattr(model.module, "planes_along", None),  # a 2D package's per-plane statistics
     )
     fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
     resumed = previous is not None and not cfg.overwrite

@@ -11,6 +11,7 @@ chosen block (:mod:`blockpred.network`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -23,15 +24,17 @@ from .autosize import SizeChoice, SizeProblem, Trial, choose_sizes, model_key, p
 from .blocking import BlockPlan, blocks_per_axis, plan_blocks
 from .config import MEMORY_FORMATS, RunConfig
 from .defaults import Defaults, measuring_budget
-from .errors import InvalidOptionError
+from .errors import InvalidOptionError, ModelLoadError
 from .geometry import Coord
 from .io import VolumePath, supports_sharding
 from .job import ModelSpec
 from .layout import OutputLayout, block_step, choose_layout
 from .memformat import REPEATS as FORMAT_REPEATS
 from .memformat import FormatChoice, choose_memory_format
+from .halo import HaloChoice, choose_halo, grow_start_block
 from .models.bioimageio import STATISTICS_KEY
-from .models.planes import default_halo
+from .models.field import NetworkField, network_field, stated_field
+from .models.planes import default_halo, stack_axis
 from .network import NetworkGeometry, probe_network
 from .pipeline import DeviceSteps, Predictor, is_out_of_memory, resolve_device
 
@@ -47,12 +50,16 @@ DEFAULT_HALO = Coord((8, 8, 8))
 ZERO_HALO_BLOCK = Coord((64, 256, 256))
 
 
-def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord) -> Coord:
-    """The block the options name; else the model's default (or 64^3), no larger than the ROI needs."""
+def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord,
+                  halo: HaloChoice | None = None) -> Coord:
+    """The block the options name; else the model's default (or 64^3, grown where a measured halo would
+    cost more than it writes: :func:`blockpred.halo.grow_start_block`), no larger than the ROI needs."""
     if config.block is not None:
         return config.block
     block = model_block if model_block is not None else DEFAULT_BLOCK
     step = block_step(downsampling, config.output_chunks, config.shards)
+    if model_block is None and halo is not None and halo.source == "field":
+        block = grow_start_block(block, halo.halo, step, halo.plane_axis)
     # A small volume gets one small block rather than one mostly made of padding.
     return block.minimum(roi_shape).ceil_div(step) * step
 
@@ -67,8 +74,34 @@ def model_key_of(cfg: RunConfig, model) -> dict:
     return model_key(name, model.weights_sha256, kwargs)
 
 
-def network_downsampling(cfg: RunConfig, model) -> Coord:
-    return cfg.downsampling if cfg.downsampling is not None else model.downsampling
+def network_downsampling(cfg: RunConfig, model, field: NetworkField | None = None) -> Coord:
+    """The downsampling named, else the one found (the network's field), else the one the model states."""
+    if cfg.downsampling is not None:
+        return cfg.downsampling
+    return field.downsampling if field is not None else model.downsampling
+
+
+def network_field_of(cfg: RunConfig, model, in_channels: int) -> NetworkField | None:
+    """The network's grid and receptive field (:mod:`blockpred.models.field`): stated by a preset or a
+    module that names its ``receptive_radius``, else found by dry runs and measured (cached per network).
+    None where finding them failed (the run goes on with what the model states, as before)."""
+    plane_axis = stack_axis(model.plane) if model.plane is not None else None
+    if model.receptive_radius is not None:
+        return stated_field(network_downsampling(cfg, model), model.receptive_radius) if model.padding != "valid" \
+            else None  # a valid network's context is found by the dry run
+    if any(getattr(model.module, "fixed", ()) or ()):  # a package of one input shape: its block is that shape
+        return None
+    named = cfg.downsampling
+    hint = named if named is not None else (model.downsampling if model.downsampling != Coord((1, 1, 1)) else None)
+    stated_min = getattr(model.module, "min_shape", None)  # a package's smallest input: the first shape tried
+    try:
+        return network_field(model.module, in_channels, model_key_of(cfg, model), hint=hint,
+                             trusted=named is not None, plane_axis=plane_axis,
+                             first_base=Coord(stated_min) if stated_min is not None and len(stated_min) == 3 else None)
+    except ModelLoadError as err:  # the start block's dry run says what is wrong, if anything is
+        logger.warning("%s; the receptive field is not measured: going on with downsampling %s", err,
+                       ",".join(map(str, network_downsampling(cfg, model))))
+        return None
 
 
 @dataclass(frozen=True)
@@ -83,21 +116,36 @@ class Layout:
     defaults: Defaults | None = None
     #: The memory format the measured defaults chose, if they measured or found one.
     format_choice: FormatChoice | None = None
+    #: The halo and where it came from, with the network's receptive field (see :mod:`blockpred.halo`).
+    halo: HaloChoice | None = None
+    #: The network's downsampling: named, found, or stated by the model.
+    downsampling: Coord = Coord((1, 1, 1))
 
 
 def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
                 target_path: VolumePath, measure: bool = True, todo_share: float = 1.0,
-                after_dry_run: Callable[[NetworkGeometry, Coord], None] | None = None) -> Layout:
+                after_dry_run: Callable[[NetworkGeometry, Coord], None] | None = None,
+                field: NetworkField | None = None, resume_halo: Coord | None = None) -> Layout:
     """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run.
 
     ``after_dry_run(geometry, halo)`` runs once the start block's dry run is done, before anything is measured
-    (``--precision auto``'s check, which may change the predictor's precision).
+    (``--precision auto``'s check, which may change the predictor's precision).  ``field``: the network's
+    grid and receptive field (:func:`network_field_of`), which give the downsampling and the default halo;
+    ``resume_block`` / ``resume_halo``: what the run being resumed started with (kept where none is named).
     """
-    downsampling = network_downsampling(cfg, model)
+    downsampling = network_downsampling(cfg, model, field)
+    plane_axis = stack_axis(model.plane) if model.plane is not None else None
+    if cfg.halo is None and resume_halo is not None:
+        halo_choice = HaloChoice(resume_halo, "named", field, None if field is None else field.exact_halo,
+                                 plane_axis=plane_axis)
+    else:
+        halo_choice = choose_halo(named=cfg.halo, model_halo=model.default_halo, field=field,
+                                  downsampling=downsampling, plane_axis=plane_axis)
+    probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken())
     auto_block = cfg.block == "auto"
     start_block = resume_block if cfg.block in ("auto", None) and resume_block is not None else (
         None if auto_block else cfg.block)
-    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape)
+    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape, halo_choice)
     searching = auto_block and resume_block is None
     base_block = block
     if searching:  # the dry run on a small block: the default one may not fit the device
@@ -108,31 +156,31 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                              shards=cfg.shards, can_shard=supports_sharding(target_path), target=str(target_path))
 
     output = None if searching else layout_for(block)
-    halo_defaulted = cfg.halo is None and model.default_halo is None
-    halo = cfg.halo if cfg.halo is not None else (model.default_halo if model.default_halo is not None else
-                                                  DEFAULT_HALO if model.plane is None else default_halo(model.plane))
-    if halo_defaulted and model.padding == "valid":
-        halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
+    halo_defaulted = halo_choice.source == "fallback" and field is None and resume_halo is None
+    halo = halo_choice.halo
+    if halo_defaulted:  # nothing measured: blockpred's old default, 8 (a 2D network's within its planes)
+        halo = DEFAULT_HALO if model.plane is None else default_halo(model.plane)
+        if model.padding == "valid":
+            halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
     # Check block, halo, chunks and ROI before the (possibly slow) dry run.
     plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
                 downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
     in_channels = source.num_channels or 1
     started = time.perf_counter()
-    geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
-                             first_input=_valid_input_hint(model, block + halo * 2))
+    geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
+                     first_input=_valid_input_hint(model, block + halo * 2, field))
     if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
         # The dry run showed a valid network the model did not announce: drop the default halo.
         halo = Coord((0, 0, 0))
         started = time.perf_counter()
-        geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+        geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
     if (start_block is None and model.default_block is None and halo == Coord((0, 0, 0))
             and geometry.context == Coord((0, 0, 0)) and not searching):
         larger = _choose_block(cfg.replace(block=ZERO_HALO_BLOCK), None, downsampling, roi.shape)
         if larger != block:  # nothing to waste in halos: the block that pays its per-block costs least often
             block = larger
             started = time.perf_counter()
-            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
-                                     downsampling=downsampling)
+            geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
     dry_run_s = time.perf_counter() - started
     if after_dry_run is not None:
         after_dry_run(geometry, halo)
@@ -152,22 +200,26 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                 shape = (block + halo * 2).ceil_div(downsampling) * downsampling
                 geometry = NetworkGeometry(geometry.in_channels, geometry.out_channels, shape, shape, geometry.context)
             else:
-                geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
-                                         downsampling=downsampling,
-                                         first_input=_valid_input_hint(model, block + halo * 2))
+                geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo,
+                                 downsampling=downsampling,
+                                 first_input=_valid_input_hint(model, block + halo * 2, field))
     elif searching or batch_size == "auto":
         sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
                             fixed_block=None if searching else block)
         batch_size = sizing.batch_size
         if sizing.block != block:
             block = sizing.block
-            geometry = probe_network(predictor, in_channels=in_channels, block=block, halo=halo,
-                                     downsampling=downsampling, first_input=_valid_input_hint(model, block + halo * 2))
+            geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo,
+                             downsampling=downsampling,
+                             first_input=_valid_input_hint(model, block + halo * 2, field))
     output = layout_for(block)
     plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
                        chunk_shape=output.write_unit)
-    return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice)
+    if halo != halo_choice.halo:  # the dry run found a valid network the model did not announce
+        halo_choice = HaloChoice(halo, "valid", field, halo, plane_axis=plane_axis)
+    return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice, halo_choice,
+                  downsampling)
 
 
 def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
@@ -239,6 +291,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         how = "measured"
     elif found:
         how = "cached"
+    elif todo_share <= 0:
+        how = "not measured: every block of this output is done"
     elif not measure and cfg.cluster is not None:
         how = "not measured: this machine has not the jobs' device (name --block and --batch-size)"
     elif not measure:
@@ -343,8 +397,11 @@ def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch
     return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only, quick=quick)
 
 
-def _valid_input_hint(model, output_shape: Coord) -> Coord | None:
-    """For a valid network that can tell (the built-in U-Net can), an input shape it accepts."""
+def _valid_input_hint(model, output_shape: Coord, field: NetworkField | None = None) -> Coord | None:
+    """For a valid network, an input shape it accepts: the one that yields ``output_shape`` where its
+    context was found (:mod:`blockpred.models.field`), else where the network can tell (the built-in U-Net can)."""
+    if field is not None and any(field.grid.context):
+        return output_shape + field.grid.context * 2
     shape_for = getattr(model.module, "valid_input_shape", None)
     if model.padding != "valid" or shape_for is None:
         return None

@@ -41,6 +41,7 @@ from .events import ProgressEvents
 from .progress import ProgressBar
 
 if TYPE_CHECKING:
+    from .halo import HaloChoice
     from .cluster import Cluster
     from .pyramid import PyramidSummary
 
@@ -83,6 +84,8 @@ class PredictionSummary:
     #: the CPU): the first block's check against fp32 (see :mod:`blockpred.precision`).
     precision: str = ""
     precision_note: str = ""
+    #: The halo, where it came from, and the network's receptive field (see :mod:`blockpred.halo`).
+    halo: "HaloChoice | None" = None
 
     @property
     def started_s(self) -> float | None:
@@ -108,6 +111,8 @@ class PredictionSummary:
         lines = [f"chosen: {self.defaults}"] if self.defaults is not None else []
         if self.precision_note:
             lines.append(f"precision: {self.precision_note}")
+        if self.halo is not None:
+            lines.append(self.halo.note())
         if self.sizing is not None and self.defaults is None:
             lines.append(f"auto size: {self.sizing}")
         if self.memory_format is not None and (self.defaults is None or self.defaults.memory_format is None):
@@ -155,6 +160,7 @@ class PredictionSummary:
             "planes_per_s": None if self.plane is None else round(self.planes_per_s, 3),
             "started_s": None if self.started_s is None else round(self.started_s, 3),
             "block": list(self.plan.block_shape), "halo": list(self.plan.halo), "batch_size": self.batch_size,
+            **({k: v for k, v in self.halo.as_dict().items() if k != "halo"} if self.halo is not None else {}),
             "precision": self.precision or None, "precision_note": self.precision_note or None,
             "output_dtype": self.output_dtype,
             "chosen": None if self.defaults is None else str(self.defaults),
@@ -247,7 +253,8 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
         logger.warning("%s", warning)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
                                pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time,
-                               plane=p.model.plane, precision=p.cfg.precision, precision_note=p.precision_note)
+                               plane=p.model.plane, precision=p.cfg.precision, precision_note=p.precision_note,
+                               halo=p.layout.halo)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
@@ -291,7 +298,8 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
                    volume_shape, dtype, block_plan, p.settings.batch_size, p.out_channels, cfg.output_dtype.name,
                    p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
                    voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus),
-                   str(p.defaults) if p.defaults is not None else None, pyramid, cfg.pyramid_method)
+                   str(p.defaults) if p.defaults is not None else None, pyramid, cfg.pyramid_method,
+                   p.layout.halo.note(label="") if p.layout.halo is not None else None)
 
 
 def _pyramid(cfg: RunConfig, target_path: VolumePath, summary: PredictionSummary,

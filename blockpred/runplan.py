@@ -34,6 +34,13 @@ class Throughput:
     mvox_per_s: float
     #: Where the figure comes from, for the reader: "assumed", "blockpred run on cuda:0, 2026-11-23" ...
     source: str
+    #: The device that measured it ("cuda:0", "cpu"); None when assumed or not recorded.
+    device: str | None = None
+
+    @property
+    def unit(self) -> str:
+        """What the figure is per: a GPU, or a CPU worker where a CPU measured it."""
+        return "CPU worker" if self.device is not None and not self.device.startswith("cuda") else "GPU"
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class RunPlan:
     #: The pyramid levels (``pyramid=N``) below level 0: their shapes, and how they are made.
     pyramid: tuple[Coord, ...] = ()
     pyramid_method: str = "mean"
+    #: The halo, where it came from and whether it covers the network's receptive field (blockpred.halo).
+    halo_note: str | None = None
 
     @property
     def num_todo(self) -> int:
@@ -103,14 +112,17 @@ class RunPlan:
             shapes = ", ".join(_shape(shape) for shape in self.pyramid)
             lines.append(f"pyramid   {len(self.pyramid)} level{'s' if len(self.pyramid) > 1 else ''} by "
                          f"{self.pyramid_method} after the prediction: {shapes}")
+        if self.halo_note is not None:
+            lines.insert(3, f"halo      {self.halo_note}")
         if self.defaults is not None:
             lines.insert(2, f"chosen    {self.defaults}")
         if self.throughput is None:
             lines.append("runtime   unknown: no throughput measured for this network yet; "
                          "pass --assume-mvox-per-s, or run `blockpred bench` on the target device")
         else:
-            times = ", ".join(f"{n} GPU{'s' if n > 1 else ''} {_duration(self.hours(n))}" for n in self.gpus)
-            lines.append(f"runtime   {times} at {self.throughput.mvox_per_s:.4g} Mvox/s per GPU "
+            unit = self.throughput.unit
+            times = ", ".join(f"{n} {unit}{'s' if n > 1 else ''} {_duration(self.hours(n))}" for n in self.gpus)
+            lines.append(f"runtime   {times} at {self.throughput.mvox_per_s:.4g} Mvox/s per {unit} "
                          f"({self.throughput.source})")
         return "\n".join(lines)
 
@@ -147,14 +159,16 @@ class ThroughputLog:
     def get(self, model_key: dict, precision: str) -> Throughput | None:
         entry = self._file.read().get(self._key(model_key, precision))
         try:
-            return Throughput(float(entry["mvox_per_s"]), str(entry["source"]))
+            device = entry.get("device") if isinstance(entry, dict) else None
+            return Throughput(float(entry["mvox_per_s"]), str(entry["source"]),
+                              str(device) if device is not None else None)
         except (TypeError, KeyError, ValueError):
             return None
 
     def put(self, model_key: dict, precision: str, mvox_per_s: float, how: str, device: str) -> None:
         entries = self._file.read()
         source = f"{how} on {device}, {date.today().isoformat()}"
-        entries[self._key(model_key, precision)] = {"mvox_per_s": mvox_per_s, "source": source}
+        entries[self._key(model_key, precision)] = {"mvox_per_s": mvox_per_s, "source": source, "device": device}
         self._file.write(entries, "the throughput")
 
 

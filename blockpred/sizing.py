@@ -14,11 +14,15 @@ from .geometry import Box, Coord
 from .pipeline import DeviceSteps
 
 
+#: The outcome of a trial the network refused (the rest of the outcome says why).
+FAILED = "failed"
+
+
 @dataclass(frozen=True)
 class Trial:
     block: Coord
     batch_size: int
-    #: "ok", "out of memory" or "over budget".
+    #: "ok", "out of memory", "over budget" or "failed: <why>" (a shape the network refused).
     outcome: str
     mvox_per_s: float = 0.0
     seconds_per_pass: float = 0.0
@@ -27,6 +31,10 @@ class Trial:
     @property
     def fits(self) -> bool:
         return self.outcome == "ok"
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome.startswith(FAILED)
 
 
 @dataclass(frozen=True)

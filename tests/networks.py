@@ -9,6 +9,7 @@ import zlib
 import torch
 
 from blockpred.models import build_preset
+from blockpred.models.presets import TINY
 
 
 class Logged(torch.nn.Module):
@@ -26,6 +27,7 @@ class Logged(torch.nn.Module):
         self.log_path, self.delay_s = log_path, delay_s
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
         if default_block is not None:
             self.default_block = (default_block,) * 3
 
@@ -86,6 +88,7 @@ class MemoryLimited(torch.nn.Module):
         self.budget_voxels, self.spare_zeros, self.transient = budget_voxels, spare_zeros, transient
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
         self.refusals = self.passes = 0
 
     def forward(self, x):
@@ -125,6 +128,7 @@ class Uneven(torch.nn.Module):
         self.claim_file, self.delay_s = claim_file, delay_s
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
         self.slow = None
 
     def forward(self, x):
@@ -148,6 +152,7 @@ class Gated(torch.nn.Module):
         self.gate_file, self.delay_s = gate_file, delay_s
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
 
     def forward(self, x):
         if x.any():
@@ -174,6 +179,7 @@ class PidLogged(torch.nn.Module):
         self.log_path = log_path
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
 
     def forward(self, x):
         if x.any():
@@ -235,6 +241,7 @@ class SlowToLoad(torch.nn.Module):
         self.net = build_preset("tiny")
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
 
     def forward(self, x):
         return self.net(x)

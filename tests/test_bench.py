@@ -15,9 +15,11 @@ def test_bench_prints_the_throughput_table_and_the_json_has_every_figure(tmp_pat
     out = captured.out
     report = json.loads(report_path.read_text())
     assert report["environment"]["torch"] and len(report["results"]) == 2
-    said = captured.err.splitlines()  # what is measured, and on a CPU its estimate, before the passes
-    assert said[0].startswith("measuring tiny fp32: block (32, 32, 32) on the CPU, about ") and "of passes" in said[0]
-    assert said[1].startswith("measuring tiny fp32 batch 1: input (52, 52, 52)")
+    said = captured.err.splitlines()  # what the run would take, what is measured, on a CPU its estimate
+    assert said[0].startswith("measuring tiny fp32: as `blockpred run` would over 128x256x256 uint8: block 32x32x32")
+    assert "halo 10x10x10 the model's" in said[0]
+    assert said[1].startswith("measuring tiny fp32: block (32, 32, 32) on the CPU, about ") and "of passes" in said[1]
+    assert said[2].startswith("measuring tiny fp32 batch 1: input (52, 52, 52)")
     table_rows = [line.split() for line in out.splitlines() if line.startswith("fp32")]
     assert len(table_rows) == 2
     for row, result in zip(table_rows, report["results"]):
@@ -85,3 +87,21 @@ def test_plot_without_matplotlib_is_refused_before_anything_is_measured(tmp_path
     assert captured.err.strip() == ('blockpred: error: --plot needs matplotlib: pip install -e ".[bench]" in '
                                     "blockpred's checkout (or pip install matplotlib)")
     assert captured.out == "" and not report.exists()  # nothing measured, nothing written
+
+
+def test_bench_without_a_block_or_batch_times_what_the_run_chose(tmp_path, capsys):
+    import numpy as np
+
+    from tests.helpers import write_test_volume
+
+    source = write_test_volume(str(tmp_path / "in.zarr"), np.random.default_rng(0).integers(0, 255, (32, 96, 96),
+                                                                                           dtype=np.uint8))
+    assert main(["run", source, str(tmp_path / "out.zarr"), "--model", "tiny", "--device", "cpu", "--no-progress",
+                 "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    report_path = tmp_path / "bench.json"
+    assert main(["bench", "--model", "tiny", "--device", "cpu", "--volume-shape", "32,96,96", "--warmup", "0",
+                 "--iterations", "1", "--json", str(report_path)]) == 0
+    result = json.loads(report_path.read_text())["results"][0]
+    assert result["block"] == ran["block"] and result["batch_size"] == ran["batch_size"]
+    assert "as `blockpred run` would over 32x96x96" in capsys.readouterr().err

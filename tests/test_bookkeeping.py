@@ -139,7 +139,9 @@ def test_plan_uses_the_throughput_bench_measured(tmp_path, capsys):
     capsys.readouterr()
     assert main(["plan", source, str(tmp_path / "out.zarr"), "--block", "16", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
-    assert "Mvox/s per GPU (blockpred bench, model only at block 16x16x16 on cpu" in text
+    # measured on a CPU: per CPU worker, never "per GPU"
+    assert "Mvox/s per CPU worker (blockpred bench, model only at block 16x16x16 on cpu" in text
+    assert "GPU" not in text.splitlines()[-1]
 
 
 @pytest.mark.parametrize("flag, value, expected", [

@@ -90,15 +90,16 @@ def test_a_block_of_a_fraction_of_a_voxel_is_refused(tmp_path, volume):
 
 def test_a_block_smaller_than_twice_its_halo_is_run_with_one_warning_naming_the_overhead(tmp_path, caplog):
     source = write_test_volume(str(tmp_path / "s.zarr/raw"), np.full((8, 8, 8), 7, dtype=np.uint8))
-    result = _blockpred(tmp_path, "run", source, "o.zarr", "--block", "4", "--halo", "8")
+    # halo 10 covers the tiny network's receptive field (radius 9): the overhead is the only warning
+    result = _blockpred(tmp_path, "run", source, "o.zarr", "--block", "4", "--halo", "10")
     assert result.returncode == 0, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert "WARNING" in lines[0] and "125x" in lines[0] and "--block 8,8,8" in lines[0], lines[0]
+    assert "WARNING" in lines[0] and "216x" in lines[0] and "--block 8,8,8" in lines[0], lines[0]
     with caplog.at_level(logging.WARNING, logger="blockpred"):
-        predict(source, str(tmp_path / "p.zarr"), device="cpu", block=4, halo=8, progress=False)
+        predict(source, str(tmp_path / "p.zarr"), device="cpu", block=4, halo=10, progress=False)
     warned = [r for r in caplog.records if "twice" in r.getMessage()]
-    assert len(warned) == 1 and "125x" in warned[0].getMessage()
+    assert len(warned) == 1 and "216x" in warned[0].getMessage()
 
 
 def test_a_block_as_large_as_a_small_volume_gets_no_warning(tmp_path, caplog):

@@ -252,7 +252,8 @@ def test_ctrl_c_prints_one_line_exits_130_leaves_no_process_and_the_rerun_resume
     stdout, stderr = finish(run)
     assert run.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
-    lines = stderr.strip().splitlines()
+    # Halo 4 is below the tiny network's field on purpose (see HALO): its one warning says so at the start.
+    lines = [line for line in stderr.strip().splitlines() if "smaller than the network's receptive field" not in line]
     assert lines[-1] == INTERRUPTED and stderr.count("interrupted") == 1, stderr
     assert all(line.startswith("blockpred: ") for line in lines), stderr
     assert_no_process_left(members, run.pid)

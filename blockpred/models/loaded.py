@@ -46,10 +46,14 @@ class LoadedModel:
     weights_sha256: str
     #: For a 2D network: the planes it runs on (``yx``, ``zy``, ``zx``; see :mod:`.planes`); None for a 3D one.
     plane: str | None = None
+    #: The receptive-field radius the network states (presets; a module's ``receptive_radius`` attribute),
+    #: taken with its ``downsampling`` as they are; None: found by :func:`~.field.network_field`.
+    receptive_radius: Coord | None = None
 
 
 def describe(module: nn.Module, *, name: str, kind: str, sha: str,
-             default_block: Coord | None = None, default_halo: Coord | None = None) -> LoadedModel:
+             default_block: Coord | None = None, default_halo: Coord | None = None,
+             receptive_radius: Coord | None = None) -> LoadedModel:
     """The module as a :class:`LoadedModel`: channels, downsampling, padding, defaults from its attributes."""
     def int_attr(attr: str) -> int | None:
         value = getattr(module, attr, None)
@@ -75,6 +79,7 @@ def describe(module: nn.Module, *, name: str, kind: str, sha: str,
         default_block=default_block or coord_attr("default_block"),
         default_halo=default_halo or coord_attr("default_halo"),
         weights_sha256=sha,
+        receptive_radius=receptive_radius or coord_attr("receptive_radius"),
     )
     logger.info("loaded model %s (%s): %s -> %s channels, downsampling %s", name, kind,
                 loaded.in_channels, loaded.out_channels, tuple(loaded.downsampling))

@@ -53,7 +53,6 @@ import torch
 from torch import nn
 
 from ..errors import InputNotFoundError, InvalidOptionError, ModelLoadError
-from ..geometry import Coord
 from .bioimageio import is_package
 from .loaded import LoadedModel, describe
 from .planes import as_planes, check_plane
@@ -174,8 +173,8 @@ def _load_preset(name: str, weights: str | None, kwargs: dict, trust_pickle: boo
         sha = state_dict_sha256(module.state_dict())
     else:
         sha = _load_weights_into(module, weights, trust_pickle, f"preset {name!r}")
-    return describe(module, name=name, kind="preset", sha=sha,
-                     default_block=preset.default_block, default_halo=preset.default_halo)
+    return describe(module, name=name, kind="preset", sha=sha, default_block=preset.default_block,
+                    default_halo=preset.default_halo, receptive_radius=preset.receptive_radius)
 
 
 # ---------------------------------------------------------------------- modules and factories
@@ -198,6 +197,17 @@ def _load_factory(spec: str, weights: str | None, kwargs: dict, trust_pickle: bo
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        if missing and missing != module_name and not module_name.startswith(missing + "."):
+            # The user's module was found; something it imports was not.
+            top = missing.split(".")[0]
+            fix = (f"install {top!r}" if top != "inferno" else "inferno's last release (inferno-pytorch 0.1.7) "
+                   "does not install on Python 3: put a package 'inferno' on PYTHONPATH that provides the names "
+                   "the module imports")
+            raise ModelLoadError(
+                f"model factory {spec!r}: module {module_name!r} imports {missing!r}, which is not installed "
+                f"({exc}); {fix}"
+            ) from exc
         raise ModelLoadError(
             f"model factory {spec!r} needs module {module_name!r}, which cannot be imported ({exc}); "
             f"install it or put it on PYTHONPATH"
@@ -214,8 +224,10 @@ def _load_factory(spec: str, weights: str | None, kwargs: dict, trust_pickle: bo
     try:
         module = target(**kwargs)
     except Exception as exc:
+        hint = ("; pass its arguments with --model-kwargs KEY=VALUE,... (model_kwargs in a config or predict)"
+                if isinstance(exc, TypeError) and "argument" in str(exc) else "")
         raise ModelLoadError(
-            f"model factory {spec!r} failed with model_kwargs {kwargs!r}: {type(exc).__name__}: {exc}"
+            f"model factory {spec!r} failed with model_kwargs {kwargs!r}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
     if not isinstance(module, nn.Module):
         raise ModelLoadError(

@@ -140,6 +140,7 @@ def as_planes(loaded, plane: str | None):
         default_block=lifted("default_block", DEFAULT_BLOCK_2D[0]) or lift(DEFAULT_BLOCK_2D[1:], plane,
                                                                              DEFAULT_BLOCK_2D[0]),
         default_halo=lifted("default_halo", 0),
+        receptive_radius=lifted("receptive_radius", 0),
     )
 
 

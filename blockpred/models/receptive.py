@@ -24,6 +24,21 @@ phase on all three axes at once: ``max(downsampling)`` passes in all.
 
 The reach depends only on the layer structure, not on the number of feature
 maps: a copy with one feature map per layer measures the same radius, faster.
+
+:func:`field_radius` measures any network, in bounded memory, from the grid
+:func:`~blockpred.models.discover.find_grid` found: one axis at a time, on an
+input long along that axis and as thin as the network takes on the others
+(the reach along an axis does not depend on the extent of the others), one
+backward pass per pooling phase of that axis.  A TorchScript network's max
+pooling cannot be swapped: its gradient is taken at several random inputs
+and their supports united.  A field that still reaches the border of the
+longest input tried (:data:`MAX_SIDE`) is :class:`UnboundedField`: the
+network sees the whole input (instance or group normalisation, global
+pooling, attention), and no halo makes blocks equal the whole volume.  Layers
+that normalise over the whole input (group, instance and layer norm) are
+measured as the identity: the field of their convolutions, which a halo can
+cover, while their statistics still differ from block to block
+(:func:`block_normalisations` names them).
 """
 
 from __future__ import annotations
@@ -38,15 +53,127 @@ from ..geometry import Coord, CoordLike, as_coord
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["receptive_radius"]
+__all__ = ["MAX_SIDE", "UnboundedField", "block_normalisations", "field_radius", "receptive_radius"]
+
+#: The longest input along the measured axis :func:`field_radius` tries.
+MAX_SIDE = 1024
+#: Input voxels :func:`field_radius` runs at most (thin inputs stay far below).
+MAX_FIELD_VOXELS = 1 << 22
+#: Random inputs whose supports are united where max pooling stays (TorchScript).
+SCRIPTED_SEEDS = 4
 
 _POOL_TO_AVG = {nn.MaxPool1d: nn.AvgPool1d, nn.MaxPool2d: nn.AvgPool2d, nn.MaxPool3d: nn.AvgPool3d}
+#: Layers that normalise over the whole input (per sample): their statistics make every output voxel depend on
+#: every input voxel.  The field is measured with them as the identity (their convolutions' field), and the
+#: caller says that no halo makes blocks exact (:func:`block_normalisations`).
+_BLOCK_NORMS = (nn.GroupNorm, nn.LayerNorm, nn.modules.instancenorm._InstanceNorm)
+_BLOCK_NORM_NAMES = ("GroupNorm", "LayerNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")
+
+
+def block_normalisations(module: nn.Module) -> tuple[str, ...]:
+    """The kinds of layer in ``module`` that normalise over the whole input (GroupNorm, InstanceNorm, LayerNorm);
+    an instance norm that keeps running statistics (and so, in eval mode, is a per-channel affine map) is not one."""
+    found = []
+    for sub in module.modules():
+        name = getattr(sub, "original_name", None) or type(sub).__name__
+        if name.startswith("InstanceNorm") and getattr(sub, "track_running_stats", False):
+            continue
+        if name in _BLOCK_NORM_NAMES:
+            found.append(name)
+    return tuple(dict.fromkeys(found))
 
 
 class _ReachesBorder(Exception):
     def __init__(self, axes: list[int]):
         super().__init__(axes)
         self.axes = axes
+
+
+class UnboundedField(ValueError):
+    """The output depends on inputs at the border of the longest input tried, on ``axes``."""
+
+    def __init__(self, axes: list[int], side: int):
+        super().__init__(f"the receptive field reaches the border of a {side}-voxel input along "
+                         f"{', '.join('zyx'[a] for a in axes)}")
+        self.axes = axes
+        self.side = side
+
+
+def field_radius(module: nn.Module, in_channels: int, grid, *, plane_axis: int | None = None, seed: int = 0,
+                 max_side: int = MAX_SIDE) -> Coord:
+    """The per-axis receptive-field radius of ``module`` on ``grid`` (a :class:`~.discover.Grid`), thin axis
+    by thin axis (see the module docstring).  0 across a 2D network's planes (``plane_axis``).
+
+    Raises :class:`UnboundedField` where the field reaches the border of a ``max_side`` input, and
+    ValueError where the output depends on no input at all.
+    """
+    probe, probe_channels = _structural_copy(module, in_channels, seed)
+    scripted = any(isinstance(m, torch.jit.ScriptModule) for m in probe.modules())
+    seeds = SCRIPTED_SEEDS if scripted else 1
+    radius, unbounded = [0, 0, 0], []
+    for axis in range(3):
+        if axis == plane_axis:
+            continue
+        step = grid.downsampling[axis]
+        # Thin, but no thinner than 8: average pooling (the max pooling's stand-in) refuses an input smaller
+        # than its window, padding or not.
+        thin = Coord(_taken(grid, a, min(8, grid.base[a])) if a != axis else grid.base[axis] for a in range(3))
+        side = _taken(grid, axis, max(32, 4 * step))
+        while True:
+            shape = Coord(side if a == axis else thin[a] for a in range(3))
+            if shape.prod() > MAX_FIELD_VOXELS:
+                unbounded.append(axis)
+                break
+            reach = _axis_reach(probe, probe_channels, shape, axis, step, seed, seeds)
+            if reach is not None:
+                radius[axis] = reach
+                break
+            if side >= max_side:
+                unbounded.append(axis)
+                break
+            side = _taken(grid, axis, min(2 * side, max_side))
+    if unbounded:
+        raise UnboundedField(unbounded, max_side)
+    logger.debug("receptive radius of %s: %s", type(module).__name__, tuple(radius))
+    return Coord(radius)
+
+
+def _taken(grid, axis: int, at_least: int) -> int:
+    """The smallest size ``grid`` takes along ``axis`` that is at least ``at_least``."""
+    low, step = grid.min_shape[axis], grid.downsampling[axis]
+    return low + max(0, -(-(at_least - low) // step)) * step
+
+
+def _axis_reach(probe: nn.Module, in_channels: int, shape: Coord, axis: int, phases: int, seed: int,
+                seeds: int) -> int | None:
+    """The reach along ``axis`` of ``phases`` neighbouring output voxels; None where it meets the border."""
+    others = tuple(a for a in range(3) if a != axis)
+    reach = 0
+    for k in range(seeds):
+        generator = torch.Generator().manual_seed(seed + k)
+        x = (0.5 + torch.rand((1, in_channels, *shape), generator=generator, dtype=torch.float64)).requires_grad_()
+        y = probe(x)
+        while isinstance(y, (tuple, list)):
+            y = y[0]
+        out_shape = Coord(y.shape[2:])
+        offset = (shape - out_shape) // 2  # output voxel o sits over input voxel o + offset
+        first = out_shape[axis] // 2 // phases * phases  # phase 0 of the pooling grid, near the middle
+        if first + phases > out_shape[axis]:
+            return None
+        for phase in range(phases):
+            voxel = [out_shape[a] // 2 for a in range(3)]
+            voxel[axis] = first + phase
+            (grad,) = torch.autograd.grad(y[(0, slice(None), *voxel)].sum(), x, retain_graph=phase < phases - 1)
+            support = grad[0].abs().sum(dim=(0, 1 + others[0], 1 + others[1])) > 0
+            hit = torch.nonzero(support).flatten()
+            if hit.numel() == 0:
+                raise ValueError("the output does not depend on the input (no gradient reached it)")
+            begin, last = int(hit[0]), int(hit[-1])
+            if begin == 0 or last == shape[axis] - 1:
+                return None
+            centre = voxel[axis] + offset[axis]
+            reach = max(reach, centre - begin, last - centre)
+    return reach
 
 
 def receptive_radius(
@@ -156,14 +283,28 @@ def _structural_copy(module: nn.Module, in_channels: int, seed: int) -> tuple[nn
     probe = probe.to(torch.float64).eval()
     for parent in probe.modules():
         for name, child in list(parent.named_children()):
+            if isinstance(child, _BLOCK_NORMS) and not isinstance(parent, torch.jit.ScriptModule) and not (
+                    getattr(child, "track_running_stats", False)):
+                setattr(parent, name, nn.Identity())  # its statistics: said by block_normalisations
+                continue
             avg = _POOL_TO_AVG.get(type(child))
-            if avg is not None:
+            if avg is not None and not isinstance(parent, torch.jit.ScriptModule):
                 dilation = child.dilation if isinstance(child.dilation, tuple) else (child.dilation,)
                 if set(dilation) != {1}:
                     raise ValueError(f"cannot measure a network with dilated max pooling ({child})")
                 setattr(parent, name, avg(child.kernel_size, child.stride, child.padding, ceil_mode=child.ceil_mode))
+    for name, buffer in probe.named_buffers():
+        # Batch norm in eval mode is a per-channel affine map; with its running statistics (a mean far above
+        # the positive activations, a tiny variance) ELU would saturate and the gradient underflow to 0.
+        if name.endswith("running_mean"):
+            buffer.zero_()
+        elif name.endswith("running_var"):
+            buffer.fill_(1.0)
     generator = torch.Generator().manual_seed(seed + 1)
-    for param in probe.parameters():
-        fan = param[0].numel() if param.dim() > 1 else 1
-        param.copy_((0.5 + torch.rand(param.shape, generator=generator, dtype=param.dtype)) / fan)
+    for name, param in probe.named_parameters():
+        if param.dim() > 1:  # weights: positive, and shrinking what passes by half, so that no final sigmoid
+            fan = param[0].numel()  # saturates (its gradient would round to 0) however many residual sums
+            param.copy_((0.5 + torch.rand(param.shape, generator=generator, dtype=param.dtype)) / (2 * fan))
+        else:  # biases 0, norms' scales 1: neither adds or removes a dependence
+            param.fill_(0.0 if name.endswith("bias") else 1.0)
     return probe, in_channels
