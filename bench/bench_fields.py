@@ -4,7 +4,8 @@ For every preset (measured here, not taken from what the preset states) and ever
 ``../shared/realdata`` whose weights are there (the 2D CREMI DUNet, with a stand-in for the two inferno layers
 its model file imports), plus the published kinds of ``tests/realnets.py``: the grid found by dry runs
 (:func:`blockpred.models.discover.find_grid`), the receptive-field radius
-(:func:`blockpred.models.receptive.field_radius`), the default halo a run takes
+(:func:`blockpred.models.receptive.field_radius`), both as a run finds them
+(:func:`blockpred.models.field.network_field`, with an empty cache), the default halo a run takes
 (:func:`blockpred.halo.choose_halo`), and the seconds each took, the process's peak memory after it.
 
     python bench/bench_fields.py [--networks tiny,cremi2018,unet32,cremi-dunet2d,...]
@@ -16,8 +17,6 @@ import argparse
 import resource
 import sys
 import tempfile
-import textwrap
-import time
 from pathlib import Path
 
 import torch
@@ -25,46 +24,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from blockpred.geometry import Coord  # noqa: E402
 from blockpred.halo import choose_halo  # noqa: E402
 from blockpred.models import build_preset  # noqa: E402
-from blockpred.models.discover import find_grid  # noqa: E402
-from blockpred.models.field import NetworkField  # noqa: E402
+from blockpred.models.field import FieldCache, network_field  # noqa: E402
 from blockpred.models.planes import PlaneNetwork, stack_axis  # noqa: E402
 from blockpred.models.presets import PRESETS  # noqa: E402
-from blockpred.models.receptive import UnboundedField, field_radius  # noqa: E402
 
 REALDATA = ROOT.parent / "shared" / "realdata"
-INFERNO_LAYERS = """
-    import torch.nn as nn
-
-    class _ConvActivation(nn.Module):
-        def __init__(self, in_channels, out_channels, kernel_size, activation):
-            super().__init__()
-            self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
-            self.activation = activation
-
-        def forward(self, x):
-            x = self.conv(x)
-            return x if self.activation is None else self.activation(x)
-
-    class ConvELU2D(_ConvActivation):
-        def __init__(self, in_channels, out_channels, kernel_size):
-            super().__init__(in_channels, out_channels, kernel_size, nn.ELU())
-
-    class Conv2D(_ConvActivation):
-        def __init__(self, in_channels, out_channels, kernel_size):
-            super().__init__(in_channels, out_channels, kernel_size, None)
-"""
 
 
 def cremi_dunet2d() -> torch.nn.Module:
-    shim = Path(tempfile.mkdtemp(prefix="inferno-shim-"))
-    layers = shim / "inferno" / "extensions" / "layers"
-    layers.mkdir(parents=True)
-    for folder in (shim / "inferno", shim / "inferno" / "extensions", layers):
-        (folder / "__init__.py").write_text("")
-    (layers / "convolutional.py").write_text(textwrap.dedent(INFERNO_LAYERS))
+    from tests.realnets import write_inferno_layers
+
+    shim = write_inferno_layers(Path(tempfile.mkdtemp(prefix="inferno-shim-")))
     sys.path[:0] = [str(shim), str(REALDATA / "cremi_dunet2d")]
     from model import DUNet2D
 
@@ -92,36 +64,24 @@ def main() -> None:
     args = parser.parse_args()
     available = networks()
     names = args.networks.split(",") if args.networks else list(available)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    print(f"| network | downsampling (how) | sizes taken | receptive radius | default halo | covers | "
-          f"grid s (dry runs) | field s | peak RSS GiB |")
+    print("| network | downsampling (how) | sizes taken | receptive radius | default halo | covers | "
+          "grid s (dry runs) | field s | peak RSS GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         module = available[name]()
         plane_axis = stack_axis(module.plane) if isinstance(module, PlaneNetwork) else None
-        in_channels = 1
-        started = time.perf_counter()
-        grid = find_grid(module, in_channels, plane_axis=plane_axis)
-        grid_s = time.perf_counter() - started
-        started = time.perf_counter()
-        note = ""
-        if any(grid.context):
-            radius = grid.context
-        else:
-            try:
-                radius = field_radius(module, in_channels, grid, plane_axis=plane_axis)
-            except UnboundedField as err:
-                radius, note = None, f"unbounded: {err}"
-        field_s = time.perf_counter() - started
-        field = NetworkField(grid, radius, note, grid_s + field_s)
+        with tempfile.TemporaryDirectory() as cache:  # measured here, whatever a run cached
+            field = network_field(module, 1, {"name": name}, plane_axis=plane_axis,
+                                  cache=FieldCache(Path(cache) / "networks.json"))
+        grid, radius = field.grid, field.radius
         halo = choose_halo(named=None, model_halo=None, field=field, downsampling=grid.downsampling,
                            plane_axis=plane_axis)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         shape = lambda c: "x".join(map(str, c))  # noqa: E731
         print(f"| {name} | {shape(grid.downsampling)} ({'/'.join(grid.how)}) | {grid.sizes_taken()} | "
-              f"{shape(radius) if radius is not None else note} | {shape(halo.halo)}"
-              f"{' (capped)' if halo.capped else ''} | {halo.covers} | {grid_s:.2f} ({grid.dry_runs}) | "
-              f"{field_s:.2f} | {peak:.2f} |", flush=True)
+              f"{shape(radius) if radius is not None else field.note} | {shape(halo.halo)}"
+              f"{' (capped)' if halo.capped else ''} | {halo.covers} | {grid.seconds:.2f} ({grid.dry_runs}) | "
+              f"{field.seconds - grid.seconds:.2f} | {peak:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

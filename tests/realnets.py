@@ -5,8 +5,47 @@ field (residual blocks, batch norm, anisotropic pooling for serial-section EM, l
 convolutions, transposed convolutions, padded pooling), so blockpred must find its geometry itself.
 """
 
+import textwrap
+from pathlib import Path
+
 import torch
 from torch import nn
+
+#: What inferno's two 2D layers are (a 'same'-padded Conv2d, with and without ELU): inferno's last release does not
+#: install on Python 3, so a user (and the tests) provide the names a model file imports (see
+#: ../shared/realdata/README.md).
+INFERNO_LAYERS_2D = """
+    import torch.nn as nn
+
+    class _ConvActivation(nn.Module):
+        def __init__(self, in_channels, out_channels, kernel_size, activation):
+            super().__init__()
+            self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
+            self.activation = activation
+
+        def forward(self, x):
+            x = self.conv(x)
+            return x if self.activation is None else self.activation(x)
+
+    class ConvELU2D(_ConvActivation):
+        def __init__(self, in_channels, out_channels, kernel_size):
+            super().__init__(in_channels, out_channels, kernel_size, nn.ELU())
+
+    class Conv2D(_ConvActivation):
+        def __init__(self, in_channels, out_channels, kernel_size):
+            super().__init__(in_channels, out_channels, kernel_size, None)
+"""
+
+
+def write_inferno_layers(root: Path) -> Path:
+    """A package ``inferno`` below ``root`` providing ``inferno.extensions.layers.convolutional``'s two 2D layers;
+    returns ``root`` (to put on the path)."""
+    layers = root / "inferno" / "extensions" / "layers"
+    layers.mkdir(parents=True)
+    for folder in (root / "inferno", root / "inferno" / "extensions", layers):
+        (folder / "__init__.py").write_text("")
+    (layers / "convolutional.py").write_text(textwrap.dedent(INFERNO_LAYERS_2D))
+    return root
 
 
 class ResBlock(nn.Module):

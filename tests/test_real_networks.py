@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -41,28 +40,6 @@ FIBSEM = REALDATA / "fibsem_neuroproof" / "training_sample2_raw_250cube.npz"
 
 pytestmark = pytest.mark.skipif(not FIBSEM.exists(), reason="../shared/realdata is not beside the checkout")
 
-#: What inferno's two layers are (a 'same'-padded Conv2d, with and without ELU), for the user's model file.
-INFERNO_LAYERS = """
-    import torch.nn as nn
-
-    class _ConvActivation(nn.Module):
-        def __init__(self, in_channels, out_channels, kernel_size, activation):
-            super().__init__()
-            self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
-            self.activation = activation
-
-        def forward(self, x):
-            x = self.conv(x)
-            return x if self.activation is None else self.activation(x)
-
-    class ConvELU2D(_ConvActivation):
-        def __init__(self, in_channels, out_channels, kernel_size):
-            super().__init__(in_channels, out_channels, kernel_size, nn.ELU())
-
-    class Conv2D(_ConvActivation):
-        def __init__(self, in_channels, out_channels, kernel_size):
-            super().__init__(in_channels, out_channels, kernel_size, None)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +49,7 @@ def fibsem() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def inferno_shim(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("inferno-shim")
-    package = root / "inferno" / "extensions" / "layers"
-    package.mkdir(parents=True)
-    for folder in (root / "inferno", root / "inferno" / "extensions", package):
-        (folder / "__init__.py").write_text("")
-    (package / "convolutional.py").write_text(textwrap.dedent(INFERNO_LAYERS))
-    return root
+    return realnets.write_inferno_layers(tmp_path_factory.mktemp("inferno-shim"))
 
 
 @pytest.fixture(scope="module")
@@ -352,4 +323,5 @@ def test_a_resume_keeps_the_halo_it_started_with(tmp_path):
     options = dict(model="tiny", block=16, progress=False, local=True)
     first = blockpred.predict(source, str(tmp_path / "o.zarr"), halo=12, **options)
     again = blockpred.predict(source, str(tmp_path / "o.zarr"), **options)  # no halo named: the run's own
-    assert tuple(first.plan.halo) == tuple(again.plan.halo) == (12, 12, 12) and again.num_resumed == first.plan.num_blocks
+    assert tuple(first.plan.halo) == tuple(again.plan.halo) == (12, 12, 12)
+    assert again.num_resumed == first.plan.num_blocks
