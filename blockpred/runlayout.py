@@ -11,6 +11,7 @@ chosen block (:mod:`blockpred.network`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -162,6 +163,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         halo = DEFAULT_HALO if model.plane is None else default_halo(model.plane)
         if model.padding == "valid":
             halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
+        halo_choice = dataclasses.replace(halo_choice, halo=halo)
     # Check block, halo, chunks and ROI before the (possibly slow) dry run.
     plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
                 downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
@@ -172,6 +174,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
         # The dry run showed a valid network the model did not announce: drop the default halo.
         halo = Coord((0, 0, 0))
+        halo_choice = HaloChoice(halo, "valid", field, halo, plane_axis=plane_axis)
         started = time.perf_counter()
         geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
     if (start_block is None and model.default_block is None and halo == Coord((0, 0, 0))
@@ -216,8 +219,6 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
                        chunk_shape=output.write_unit)
-    if halo != halo_choice.halo:  # the dry run found a valid network the model did not announce
-        halo_choice = HaloChoice(halo, "valid", field, halo, plane_axis=plane_axis)
     return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice, halo_choice,
                   downsampling)
 
