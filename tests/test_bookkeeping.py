@@ -109,7 +109,7 @@ def test_the_task_feed_hands_out_every_id_once_sized_by_the_measured_rate_and_th
     assert sizes[-1] == 2 and max(sizes[-3:]) <= 8  # the tail is cut fine for 4 workers x 2 in flight
 
 
-def test_plan_prints_the_plan_in_bulk_and_writes_nothing(tmp_path, capsys):
+def test_plan_prints_the_plan_in_bulk_and_writes_nothing(tmp_path, capsys, monkeypatch):
     source = write_test_volume(str(tmp_path / "in.zarr"), np.ones((32, 64, 64), dtype=np.uint8))
     mask = np.zeros((8, 16, 16), dtype=np.uint8)
     mask[1, 2, 3] = 1  # block (0, 0, 0) of 16^3 blocks
@@ -130,6 +130,11 @@ def test_plan_prints_the_plan_in_bulk_and_writes_nothing(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "0 to run, 31 masked out, 1 already done (resuming)" in text and "0 chunk files" in text
     assert "runtime   unknown" in text  # a run this short records no throughput
+    assert "not measured yet" not in text  # a finished output: the run's choice, cached
+    monkeypatch.setenv("BLOCKPRED_CACHE_DIR", str(tmp_path / "another-cache"))  # nothing cached: nothing left to measure
+    assert main(["plan", *args]) == 0
+    text = capsys.readouterr().out
+    assert "(not measured: every block of this output is done)" in text and "not measured yet" not in text
 
 
 def test_plan_uses_the_throughput_bench_measured(tmp_path, capsys):
