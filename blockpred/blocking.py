@@ -133,6 +133,11 @@ def _check_positive(name: str, value: Coord, allow_zero: bool) -> None:
         raise InvalidOptionError(f"{name} must be {must} on every axis, got {tuple(value)}")
 
 
+def halo_overhead(block: Coord, input_shape: Coord) -> float:
+    """Network-input voxels per output voxel: what the halo costs (1.0 = none)."""
+    return Coord(input_shape).prod() / Coord(block).prod()
+
+
 def check_block_on_grid(block_shape: Coord, downsampling: Coord) -> None:
     """A block must be a multiple of the network's downsampling (``run``, ``plan`` and ``bench`` alike)."""
     block_shape, downsampling = Coord(block_shape), Coord(downsampling)
@@ -188,7 +193,6 @@ def small_block_warning(plan: BlockPlan, step: Coord) -> str | None:
     it writes (125x).  ``step`` (the block must be a multiple of it) rounds the suggested block up.
     None when the block is large enough, or already as large as the ROI wherever it is not.
     """
-    from .metrics import halo_overhead
 
     block, halo, roi = plan.block_shape, plan.halo, plan.roi.shape
     if not any(b < 2 * h and b < r for b, h, r in zip(block, halo, roi)):

@@ -20,17 +20,10 @@ import yaml
 
 from .errors import InputNotFoundError, InvalidOptionError
 from .geometry import Box, Coord
-from .layout import SHARD_CHOICES
+from .choices import (BATCH_SYSTEMS, COMPILE_MODES, MEMORY_FORMATS, MISSING_CHUNKS, PAD_MODES,  # noqa: F401
+                      PRECISIONS, PYRAMID_METHODS, RUN_PRECISIONS, SHARD_CHOICES)
 from .normalize import Normalization, parse_output_dtype
 from .io.stores import StorageOptions
-from .padding import PAD_MODES
-
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-#: A run's precisions: ``auto`` chooses one of :data:`PRECISIONS` per device (see :mod:`blockpred.precision`).
-RUN_PRECISIONS = ("auto",) + PRECISIONS
-MISSING_CHUNKS = ("warn", "error")
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
-MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,9 +301,10 @@ def _normalise(name: str, value: Any) -> Any:
     if name == "pyramid":
         return _count(value, name, least=0, what="non-negative number of levels")
     if name == "pyramid_method":
-        from .downsample import check_method
-
-        return check_method(value)
+        method = str(value).strip().lower()
+        if method not in PYRAMID_METHODS:
+            raise InvalidOptionError(f"pyramid method must be one of {', '.join(PYRAMID_METHODS)}, got {value!r}")
+        return method
     if name == "tta":
         from .models.tta import TTA_MODES
 
@@ -330,8 +324,6 @@ def _normalise(name: str, value: Any) -> Any:
             raise InvalidOptionError(f"no_worker_timeout must be a positive number of seconds, got {value!r}")
         return seconds
     if name == "cluster":
-        from .jobqueue import BATCH_SYSTEMS
-
         return _choice(value, name, BATCH_SYSTEMS)
     if name == "retries":
         return _count(value, name, least=0, what="non-negative integer")

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .choices import PYRAMID_METHODS as METHODS
 from .errors import InvalidOptionError
 from .geometry import Coord
-
-METHODS = ("mean", "mode", "stride")
 
 
 def check_method(method: str) -> str:

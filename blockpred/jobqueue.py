@@ -49,12 +49,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .choices import BATCH_SYSTEMS  # noqa: F401 - the batch systems --cluster takes
 from .errors import ClusterError, InvalidOptionError
 
 logger = logging.getLogger(__name__)
 
-#: The batch systems ``--cluster`` takes.
-BATCH_SYSTEMS = ("slurm",)
 #: blockpred's job option -> dask-jobqueue's key (``jobqueue.slurm.<key>``, a ``SLURMCluster`` argument).
 JOB_KEYS = {"partition": "queue", "account": "account", "walltime": "walltime", "cores": "cores",
             "memory": "memory"}

@@ -28,7 +28,6 @@ from .geometry import Coord
 MAX_DEFAULT_CHUNK = 128
 #: An automatically laid out zarr v3 output with more chunks than this is sharded by block.
 MAX_UNSHARDED_CHUNKS = 100_000
-SHARD_CHOICES = ("auto", "off", "block")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .blocking import halo_overhead  # noqa: F401 - what a halo costs, with the blocks
 from .errors import InvalidOptionError
 from .geometry import Coord
 
@@ -65,11 +66,6 @@ def hours_for(voxels: float, mvox_per_s: float, gpus: int = 1, efficiency: float
 def mvox_per_s_for(voxels: float, hours: float, gpus: int = 1) -> float:
     """The per-GPU throughput that predicts ``voxels`` in ``hours`` on ``gpus`` GPUs (inverse of :func:`hours_for`)."""
     return voxels / (hours * 3600.0 * gpus) / 1e6
-
-
-def halo_overhead(block: Coord, input_shape: Coord) -> float:
-    """Network-input voxels per output voxel: what the halo costs (1.0 = none)."""
-    return Coord(input_shape).prod() / Coord(block).prod()
 
 
 @dataclass(frozen=True)

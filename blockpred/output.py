@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,10 +24,8 @@ from .io import stores
 from .io.stores import ObjectUrl
 from .layout import OutputLayout
 from .markers import DoneMarkers, markers_path
-from .models.bioimageio_planes import store_with_run
-
-if TYPE_CHECKING:
-    from .prepare import Prepared
+from .package_stats import store_with_run
+from .prepared import Prepared
 
 logger = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from typing import Callable, Literal
 import numpy as np
 
 from .errors import InvalidOptionError
+from .choices import PAD_MODES
 from .geometry import Box, Coord
 from .io.base import Volume
 
 PadMode = Literal["reflect", "edge", "constant"]
-PAD_MODES: tuple[str, ...] = ("reflect", "edge", "constant")
 
 
 def source_indices(begin: int, end: int, size: int, mode: str) -> np.ndarray:

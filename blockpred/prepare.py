@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-import numpy as np
 
 from .blocking import BlockPlan, small_block_warning
 from .config import RunConfig, make_config
@@ -33,14 +31,14 @@ from .jobqueue import job_settings
 from .layout import OutputLayout, block_step
 from .markers import DoneMarkers, as_json, describe_changes, markers_path
 from .mask import Mask
-from .memformat import FormatChoice
 from .models.bioimageio import is_package
 from .models.planes import check_halo
 from .output import check_inodes, check_place_free
 from .padding import read_padded
 from .pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
 from .precision import AUTO, FALLBACK, auto_precision, check_precision
-from .runlayout import Layout, check_channels, choose_format, network_field_of, plan_layout, start_format
+from .prepared import Prepared
+from .runlayout import check_channels, choose_format, network_field_of, plan_layout, start_format
 
 logger = logging.getLogger(__name__)
 
@@ -177,47 +175,6 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
     return cfg, source_path, target_path
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A run checked and planned, with nothing written yet (what ``blockpred plan`` reports)."""
-
-    cfg: RunConfig
-    source_path: VolumePath
-    target_path: VolumePath
-    model: Any  # LoadedModel
-    spec: ModelSpec
-    predictor: Predictor
-    layout: "Layout"
-    channels: tuple[int, ...] | None
-    settings: PipelineSettings
-    fingerprint: dict
-    #: True when the output holds markers of the same settings: its finished blocks are kept.
-    resumed: bool
-    previous: DoneMarkers | None
-    #: For a new run with a mask: the boolean grid of the blocks it leaves out.
-    masked: np.ndarray | None = None
-    #: What ``memory_format="auto"`` (or the measured default) chose (None when a layout was named).
-    format_choice: FormatChoice | None = None
-    #: What ``precision="auto"`` chose and why (the first block's check), "" when a precision was named or
-    #: auto meant fp32 on the CPU.
-    precision_note: str = ""
-
-    @property
-    def memory_format(self) -> str:
-        if self.format_choice is not None:
-            return self.format_choice.memory_format
-        return self.cfg.memory_format or "contiguous"
-
-    @property
-    def defaults(self) -> Defaults | None:
-        """What the run chose for the block, batch and memory format it was not given (see :mod:`blockpred.defaults`)."""
-        return self.layout.defaults
-
-    @property
-    def out_channels(self) -> int:
-        return len(self.channels) if self.channels is not None else self.layout.geometry.out_channels
-
-
 def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
             on_paths_checked: Callable[[DoneMarkers | None], None] | None = None, measure: bool = True) -> Prepared:
     """Every check and the plan; writes nothing (see :func:`create_output`).
@@ -263,7 +220,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
             if cfg.mask is not None else None)
     device = _client_device(cfg)
     if is_package(cfg.model):  # bioimage.io: normalisation none, the volume's statistics for every worker
-        from .models.bioimageio_stats import configure_run
+        from .package_stats import configure_run
 
         cfg = configure_run(cfg, source, previous if not cfg.overwrite else None, source_path, plan_only=not measure)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
@@ -429,7 +386,7 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
                  channels, mask: Mask | None) -> dict:
     """Everything that decides the output's values and layout (see :mod:`blockpred.markers`)."""
     return {
-        "input": _real_name(source_path), "input_shape": source.shape, "input_dtype": str(source.dtype),
+        "input": identity.real_name(source_path), "input_shape": source.shape, "input_dtype": str(source.dtype),
         "model": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
         "model_weights": model.weights_sha256, "model_kwargs": dict(cfg.model_kwargs),
         "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
@@ -438,15 +395,9 @@ def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: B
         "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": output.chunks,
         "output_shards": output.shards,
         "channels": channels, "skip_empty": cfg.skip_empty,
-        "mask": None if mask is None else [_real_name(mask.path), mask.mask_shape],
+        "mask": None if mask is None else [identity.real_name(mask.path), mask.mask_shape],
         **({"tta": cfg.tta} if cfg.tta != "off" else {}),  # absent when off: outputs of older runs still resume
         **({"plane": model.plane} if model.plane is not None else {}),
     }
-
-
-def _real_name(path: VolumePath) -> str:
-    """The path with its links resolved: a resume through another link to the same input is the same run."""
-    path = path.absolute()
-    return str(VolumePath(path.format, identity.resolved(path.container), path.dataset))
 
 

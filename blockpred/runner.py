@@ -35,7 +35,8 @@ from .memformat import FormatChoice
 from .runplan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
 from .pipeline import Backoff, Predictor, RunStats
 from .output import create_output
-from .prepare import Prepared, prepare, resolve_paths
+from .prepare import prepare, resolve_paths
+from .prepared import Prepared
 from .runlayout import model_key_of
 from .events import ProgressEvents
 from .progress import ProgressBar

@@ -102,3 +102,9 @@ def link_in_the_way(place: Place) -> Path | None:
     if isinstance(place, ObjectUrl) or not os.path.islink(place):
         return None
     return Path(place)
+
+
+def real_name(path: VolumePath) -> str:
+    """The path with its links resolved, as text: a resume through another link to the same input is the same run."""
+    path = path.absolute()
+    return str(VolumePath(path.format, resolved(path.container), path.dataset))

@@ -29,7 +29,7 @@ What blockpred takes from a package:
 * **statistics** (percentiles, mean and standard deviation): blocks have no
   per-sample statistics, so a 3D package's ``per_sample`` and ``per_dataset``
   both mean "over the volume", and so does a 2D package's ``per_dataset``.
-  :func:`.bioimageio_stats.configure_run` computes them once, in the client,
+  :func:`blockpred.run.package_stats.configure_run` computes them once, in the client,
   on a sample of the input volume (the whole volume up to 16.8 Mvox, else a
   fixed grid of tiles; see :mod:`.bioimageio_stats`), each step's on the
   values the steps before it produced, and puts the numbers in the run's

@@ -45,7 +45,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..config import COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
+from ..choices import COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
 from ..errors import InvalidOptionError
 from ..hostmem import keep_freed_memory
 from .cpu_steps import after_network, is_normalized, normalized

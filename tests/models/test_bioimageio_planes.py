@@ -17,7 +17,8 @@ from blockpred.geometry import Coord
 from blockpred.io import open_volume, parse_volume_path
 from blockpred.markers import DoneMarkers, markers_path
 from blockpred.models.bioimageio import STATISTICS_KEY
-from blockpred.models.bioimageio_planes import PLANES_KEY, RUN_FILE, PlaneStatistics
+from blockpred.models.bioimageio_planes import PLANES_KEY, PlaneStatistics
+from blockpred.package_stats import RUN_FILE
 from tests.helpers import build_2d_package, write_test_volume
 from tests.test_planes import make_net2d
 
@@ -121,7 +122,7 @@ def test_each_plane_gets_its_own_statistics_in_blocks_deeper_than_the_planes_lef
 
 def test_a_resume_reads_the_stored_statistics_and_another_volume_is_another_run(setup, tmp_path, monkeypatch,
                                                                                   caplog):
-    from blockpred.models import bioimageio_stats
+    from blockpred import package_stats
 
     target = tmp_path / "resumed.zarr"
     options = dict(model=str(setup["sized"]), block=(1, 32, 32), device="cpu", progress=False, local=True)
@@ -134,8 +135,8 @@ def test_a_resume_reads_the_stored_statistics_and_another_volume_is_another_run(
     def recomputed(*args, **kwargs):
         raise AssertionError("a resume computed the per-plane statistics again")
 
-    monkeypatch.setattr(bioimageio_stats, "compute_plane_statistics", recomputed)
-    with caplog.at_level(logging.INFO, logger="blockpred.models.bioimageio_stats"):
+    monkeypatch.setattr(package_stats, "compute_plane_statistics", recomputed)
+    with caplog.at_level(logging.INFO, logger="blockpred.package_stats"):
         again = blockpred.predict(setup["volume"], str(target), **options)
     assert (again.num_resumed, again.stats.num_blocks) == (5, 7)
     assert "per-plane statistics of 3 planes stored with the run" in caplog.text
@@ -216,7 +217,8 @@ def test_the_planes_statistics_on_dask_workers_are_those_of_the_thread_pool(setu
     from distributed import LocalCluster
 
     from blockpred.models.bioimageio import read_package
-    from blockpred.models.bioimageio_planes import Processing, compute_plane_statistics
+    from blockpred.models.bioimageio_planes import Processing
+    from blockpred.package_stats import compute_plane_statistics
 
     package = read_package(setup["sized"])
     path = parse_volume_path(setup["volume"]).absolute()
@@ -230,7 +232,7 @@ def test_the_planes_statistics_on_dask_workers_are_those_of_the_thread_pool(setu
 
 
 def test_blockpred_plan_reads_one_plane_for_its_dry_run_not_every_plane(setup, tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="blockpred.models"):
+    with caplog.at_level(logging.INFO, logger="blockpred"):
         plan = blockpred.plan(setup["volume"], str(tmp_path / "planned.zarr"), model=str(setup["sized"]),
                               device="cpu")
     assert plan.plan.num_blocks > 0 and not (tmp_path / "planned.zarr").exists()

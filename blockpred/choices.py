@@ -1,0 +1,21 @@
+"""The names an option takes: one place for every layer (the config checks them, the modules that act on them
+take them from here), so that no layer imports a higher one for a tuple of words.  No dependencies."""
+
+#: Precisions a network runs at.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+#: A run's precisions: ``auto`` chooses one of :data:`PRECISIONS` per device (see :mod:`blockpred.tuning.precision`).
+RUN_PRECISIONS = ("auto",) + PRECISIONS
+#: ``torch.compile`` modes (``off``: not compiled).
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+#: Activation layouts (``channels_last`` is ``channels_last_3d``).
+MEMORY_FORMATS = ("contiguous", "channels_last")
+#: How a block is padded past the volume's edge.
+PAD_MODES = ("reflect", "edge", "constant")
+#: ``--shards`` words (or a shape).
+SHARD_CHOICES = ("auto", "off", "block")
+#: How each pyramid level is made from the one before.
+PYRAMID_METHODS = ("mean", "mode", "stride")
+#: The batch systems ``--cluster`` takes.
+BATCH_SYSTEMS = ("slurm",)
+#: What a missing input chunk does.
+MISSING_CHUNKS = ("warn", "error")
