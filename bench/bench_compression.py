@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from blockpred.config import parse_shape
-from blockpred.demo import make_em_volume
+from blockpred.io.synthetic import make_em_volume
 from blockpred.geometry import Box, Coord
 from blockpred.io import create_volume
 

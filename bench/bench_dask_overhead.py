@@ -23,7 +23,7 @@ from pathlib import Path
 
 import blockpred
 from blockpred.config import parse_shape
-from blockpred.demo import make_em_volume
+from blockpred.io.synthetic import make_em_volume
 from blockpred.io import create_volume
 
 

@@ -42,7 +42,7 @@ from datetime import date
 from pathlib import Path
 
 from blockpred.config import parse_shape
-from blockpred.demo import write_em_volume
+from blockpred.io.synthetic import write_em_volume
 from blockpred.geometry import Coord
 from command import run_blockpred
 

@@ -2,7 +2,7 @@
 
 1. ``blockpred run`` (the default dask path) on a sampled volume gives Mvox/s
    (output voxels per second of pipeline, as the bench reports it).
-2. :func:`blockpred.metrics.hours_for` turns that into the expected pipeline
+2. :func:`blockpred.bench.metrics.hours_for` turns that into the expected pipeline
    time of a volume 8x larger (2x per axis).
 3. ``blockpred run`` on that volume gives the real time; the error is printed.
    The whole-command wall times (cluster start, model load) are printed too:
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import blockpred
 from blockpred.config import parse_shape
-from blockpred.demo import make_em_volume
+from blockpred.io.synthetic import make_em_volume
 from blockpred.io import create_volume
-from blockpred.metrics import hours_for
+from blockpred.bench.metrics import hours_for
 
 
 def write(path: str, shape) -> None:

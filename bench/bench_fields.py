@@ -6,7 +6,7 @@ its model file imports), plus the published kinds of ``tests/realnets.py``: the 
 (:func:`blockpred.models.discover.find_grid`), the receptive-field radius
 (:func:`blockpred.models.receptive.field_radius`), both as a run finds them
 (:func:`blockpred.models.field.network_field`, with an empty cache), the default halo a run takes
-(:func:`blockpred.halo.choose_halo`), and the seconds each took, the process's peak memory after it.
+(:func:`blockpred.run.halo.choose_halo`), and the seconds each took, the process's peak memory after it.
 
     python bench/bench_fields.py [--networks tiny,cremi2018,unet32,cremi-dunet2d,...]
 """
@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from blockpred.halo import choose_halo  # noqa: E402
+from blockpred.run.halo import choose_halo  # noqa: E402
 from blockpred.models import build_preset  # noqa: E402
 from blockpred.models.field import FieldCache, network_field  # noqa: E402
 from blockpred.models.planes import PlaneNetwork, stack_axis  # noqa: E402

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from blockpred.config import parse_shape
-from blockpred.demo import write_em_volume
+from blockpred.io.synthetic import write_em_volume
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
 from blockpred.models.standin import CopyNetwork

@@ -18,10 +18,10 @@ variance preprocessing and a sigmoid.  The volume is EM-like uint8,
   package's pre- and postprocessing), weights loaded once and one warm-up
   plane untimed: its steady state, no start-up counted.
 
-Both use torch's default threads on this machine.  Outputs differ by
-design: bioimage.io normalises each plane by its own (padded) statistics,
-blockpred every plane by the volume's (see the README, "2D networks on 3D
-volumes"); the bench reports the speed.
+Both use torch's default threads on this machine.  Both normalise each plane
+by its own statistics where the package asks per plane (bioimage.io's of the
+padded plane, blockpred's of the whole plane before the run: see
+docs/models.md, "2D networks on 3D volumes"); the bench reports the speed.
 
 Run: ``python bench/bench_planes.py --shape 32,512,512 --peer-python /work/peers-venv/bin/python``
 """

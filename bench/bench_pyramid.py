@@ -34,7 +34,7 @@ _CHILD = """
 import json, sys, time
 def hwm_kib():
     return int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])
-from blockpred.pyramid import build_pyramid
+from blockpred.run.pyramid import build_pyramid
 from blockpred.io import parse_volume_path
 after_imports = hwm_kib()
 start = time.perf_counter()

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from blockpred.markers import DoneMarkers
+from blockpred.pipeline.markers import DoneMarkers
 
 SIZES = {"8.6G": (2048, 2048, 2048), "8T": (11000, 27000, 27000)}
 MASK_SCALE = (16, 64, 64)

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from blockpred.config import parse_shape
-from blockpred.demo import write_em_volume
+from blockpred.io.synthetic import write_em_volume
 from blockpred.geometry import Coord
 from command import run_blockpred
 

@@ -28,7 +28,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from blockpred.demo import write_demo_volume
+from blockpred.io.synthetic import write_demo_volume
 from blockpred.geometry import Coord
 
 

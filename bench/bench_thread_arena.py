@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from blockpred.config import parse_shape
-    from blockpred.demo import make_em_volume
+    from blockpred.io.synthetic import make_em_volume
     from blockpred.io import create_volume
 
     shape = parse_shape(args.shape, "shape")

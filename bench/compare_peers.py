@@ -7,7 +7,7 @@ zarr volume, the same network weights and the same halo:
   --model M [--halo H] --overwrite --no-progress``, a subprocess, timed from
   start to exit (imports, model load, dry run, measuring, pipeline, exit), with
   no block, batch, memory format or device named: the measured defaults
-  (:mod:`blockpred.defaults`) choose.  Timed once on an empty cache (the
+  (:mod:`blockpred.tuning.defaults`) choose.  Timed once on an empty cache (the
   **first run**, which pays for measuring; its cache is then kept) and in every
   round after it (**cached**: what every later run costs).  The configuration
   the command chose (its ``chosen:`` line) is printed;
@@ -83,7 +83,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from blockpred.demo import make_em_volume
+from blockpred.io.synthetic import make_em_volume
 from blockpred.io import create_volume
 from peers import create_output, import_torch_em_prediction, make_network, run_monai, run_torch_em, window
 

@@ -9,7 +9,7 @@ torch and the peer before it times them, then times ``N`` calls of
 first run), and prints one JSON line: ``{"calls": [{"wall_s", "pipeline_s",
 "chosen"}, ...]}``.  ``bench/compare_peers.py`` runs it in a process of its own,
 so the peers it times in its own process run as their users run them (blockpred
-sets glibc's malloc thresholds for its process, :mod:`blockpred.hostmem`).
+sets glibc's malloc thresholds for its process, :mod:`blockpred.pipeline.hostmem`).
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ __all__ = ["predict", "plan", "PredictionSummary", "RunPlan", "__version__"]
 def __getattr__(name):
     # Imported on first use, so `blockpred --help` does not wait for torch.
     if name in ("predict", "plan", "PredictionSummary"):
-        from . import runner
+        from .run import runner
 
         return getattr(runner, name)
     if name == "RunPlan":
-        from .runplan import RunPlan
+        from .run.plan import RunPlan
 
         return RunPlan
     raise AttributeError(f"module 'blockpred' has no attribute {name!r}")

@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .runner import predict
+    from .run.runner import predict
 
     options = {key: getattr(args, key) for key in _RUN_KEYS}
     summary = predict(args.input, args.output, config=args.config, **options)
@@ -232,9 +232,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _record_bench(args: argparse.Namespace, best, pipeline) -> None:
     """The measured throughput, for `blockpred plan`: end to end when --pipeline ran, else model only."""
-    from .autosize import model_key
     from .models import load_model
-    from .runplan import ThroughputLog
+    from .run.plan import ThroughputLog
+    from .tuning.autosize import model_key
 
     loaded = load_model(args.model, weights=args.weights)
     key = model_key(loaded.name, loaded.weights_sha256, {})
@@ -248,7 +248,7 @@ def _record_bench(args: argparse.Namespace, best, pipeline) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from .errors import InvalidOptionError
-    from .runner import plan
+    from .run.runner import plan
 
     try:
         gpus = tuple(int(n) for n in args.gpus.split(",") if n.strip())
@@ -261,15 +261,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _check_model(args: argparse.Namespace) -> int:
-    from .config import parse_model_kwargs
+    from .config import make_config, parse_model_kwargs
     from .errors import PackageTestFailedError
-    from .halo import choose_halo
     from .models import load_model
     from .models.check import check_model
     from .models.field import network_field, stated_field
     from .models.planes import stack_axis
-    from .runlayout import model_key_of
-    from .config import make_config
+    from .run.choose import model_key_of
+    from .run.halo import choose_halo
 
     kwargs = parse_model_kwargs(args.model_kwargs) if args.model_kwargs else {}
     result = check_model(args.model, args.weights, trust_pickle=args.trust_pickle, plane=args.plane,
@@ -309,8 +308,8 @@ def _check_model(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from .config import parse_shape
-    from .demo import write_demo_volume
-    from .runner import predict
+    from .io.synthetic import write_demo_volume
+    from .run.runner import predict
 
     directory = Path(args.dir)
     shape = parse_shape(args.shape, "shape")
@@ -326,10 +325,15 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import json
 
-    from . import benchmark
+    from .bench import benchmark
+    from .bench.metrics import (
+        extrapolate,
+        format_extrapolation,
+        halo_overhead,
+        parse_size,
+    )
     from .config import parse_shape
     from .errors import InvalidOptionError
-    from .metrics import extrapolate, format_extrapolation, halo_overhead, parse_size
 
     if args.plot:
         benchmark.check_plot()  # now, not after minutes of measuring
@@ -435,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"blockpred: error: {one_line(err)}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
-    except KeyboardInterrupt:  # Ctrl-C: the workers of a local cluster never see it (see blockpred.nanny)
+    except KeyboardInterrupt:  # Ctrl-C: the workers of a local cluster never see it (see blockpred.cluster.nanny)
         resume = "; finished blocks are kept: run the same command again to resume" if args.command == "run" else ""
         print(f"blockpred: interrupted{resume}", file=sys.stderr)
         return 130
@@ -452,9 +456,9 @@ def console() -> int:
     """
     import gc
 
-    from .hostmem import keep_freed_memory
+    from .pipeline.hostmem import keep_freed_memory
 
-    keep_freed_memory()  # before any large array: see blockpred.hostmem
+    keep_freed_memory()  # before any large array: see blockpred.pipeline.hostmem
     code = main()
     sys.stdout.flush()
     gc.freeze()

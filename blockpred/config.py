@@ -18,12 +18,21 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
+from .choices import (  # noqa: F401
+    BATCH_SYSTEMS,
+    COMPILE_MODES,
+    MEMORY_FORMATS,
+    MISSING_CHUNKS,
+    PAD_MODES,
+    PRECISIONS,
+    PYRAMID_METHODS,
+    RUN_PRECISIONS,
+    SHARD_CHOICES,
+)
 from .errors import InputNotFoundError, InvalidOptionError
 from .geometry import Box, Coord
-from .choices import (BATCH_SYSTEMS, COMPILE_MODES, MEMORY_FORMATS, MISSING_CHUNKS, PAD_MODES,  # noqa: F401
-                      PRECISIONS, PYRAMID_METHODS, RUN_PRECISIONS, SHARD_CHOICES)
-from .normalize import Normalization, parse_output_dtype
 from .io.stores import StorageOptions
+from .normalize import Normalization, parse_output_dtype
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,8 +51,8 @@ class RunConfig:
     #: sets it, or names a ``package.module:factory`` without it, is refused (see :func:`make_config`).
     trust_pickle: bool = False
     #: Block core shape (z, y, x): what one block writes.  None: measured when the run is long enough
-    #: to pay for it, starting from the model's default (else 64^3; see :mod:`blockpred.defaults`);
-    #: "auto": the full search for the fastest that fits the device (see :mod:`blockpred.autosize`).
+    #: to pay for it, starting from the model's default (else 64^3; see :mod:`blockpred.tuning.defaults`);
+    #: "auto": the full search for the fastest that fits the device (see :mod:`blockpred.tuning.autosize`).
     block: Coord | str | None = None
     #: Context read on each side of the core and cropped away.  None: the model's default.
     halo: Coord | None = None
@@ -52,24 +61,24 @@ class RunConfig:
     #: "auto" (first CUDA device, else CPU), "cpu", "cuda" or "cuda:N".
     device: str = "auto"
     #: fp32, tf32, fp16, bf16, or auto: bf16 (fp16 before Ampere) on CUDA where the first block's output at
-    #: it is close to fp32's, else tf32; fp32 on the CPU (see :mod:`blockpred.precision`).
+    #: it is close to fp32's, else tf32; fp32 on the CPU (see :mod:`blockpred.tuning.precision`).
     precision: str = "auto"
     #: Blocks per forward pass; "auto": the fastest that fits, found by trial passes; None: measured
-    #: with the block (see :mod:`blockpred.defaults`), else 1.
+    #: with the block (see :mod:`blockpred.tuning.defaults`), else 1.
     batch_size: int | str | None = None
     #: torch.compile mode: off, default, reduce-overhead (CUDA graphs) or max-autotune.
     compile: str = "off"
     #: The network's activations as contiguous (NCDHW) or channels_last (NDHWC, channels_last_3d), or
     #: auto: the faster of the two for this network and device, measured at the first run and cached
-    #: (see blockpred.memformat); None: the same, measured when the run is long enough to pay for it
-    #: (see blockpred.defaults), else contiguous; with compile, contiguous.
+    #: (see blockpred.tuning.memformat); None: the same, measured when the run is long enough to pay for it
+    #: (see blockpred.tuning.defaults), else contiguous; with compile, contiguous.
     memory_format: str | None = None
     normalize: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")
     #: Output chunk shape (z, y, x); None: per axis the largest divisor of the block (or shard) <= 128.
     output_chunks: Coord | None = None
     #: zarr v3 shards (z, y, x), "block" (one per block), "off", or "auto": by block when the
-    #: output would have more than 100,000 chunks (see :mod:`blockpred.layout`).
+    #: output would have more than 100,000 chunks (see :mod:`blockpred.run.layout`).
     shards: Coord | str = "auto"
     #: Output channels to keep (indices into the network's channels); None keeps all.
     channels: tuple[int, ...] | None = None
@@ -92,13 +101,13 @@ class RunConfig:
     #: or ``-`` for stderr (see blockpred.events); None: none.
     progress_json: str | None = None
     #: Run in this process, without dask (one device).  A run with one device and no ``workers`` or
-    #: ``scheduler`` does so anyway (see :func:`blockpred.prepare.resolve_paths`).
+    #: ``scheduler`` does so anyway (see :func:`blockpred.run.prepare.resolve_paths`).
     local: bool = False
     #: Local dask workers: one per visible GPU by default; ``1`` runs one worker through dask.
     workers: int | None = None
     #: Address of a running dask scheduler to join instead of starting a local cluster.
     scheduler: str | None = None
-    #: A batch system whose jobs are the workers ("slurm"; see blockpred.jobqueue), and its job settings; None
+    #: A batch system whose jobs are the workers ("slurm"; see blockpred.cluster.jobqueue), and its job settings; None
     #: where not given: dask-jobqueue's configuration (``~/.config/dask/jobqueue.yaml``) decides.
     cluster: str | None = None
     #: Jobs at most (one dask worker each); the run starts with the first that joins.  [1]
@@ -124,7 +133,7 @@ class RunConfig:
     #: A 3D volume (full size or downsampled) whose nonzero voxels mark where to predict.
     mask: str | None = None
     #: Downsampled levels written below a zarr output once it is predicted (an OME-NGFF multiscale image;
-    #: see :mod:`blockpred.pyramid`); 0: none.
+    #: see :mod:`blockpred.run.pyramid`); 0: none.
     pyramid: int = 0
     #: How a pyramid level is made from the one before: mean, mode (labels) or stride.
     pyramid_method: str = "mean"

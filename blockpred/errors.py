@@ -25,7 +25,7 @@ class OutputExistsError(BlockpredError, FileExistsError):
 
 
 class OutputLockedError(BlockpredError, FileExistsError):
-    """Another run holds the output (see :mod:`blockpred.ownership`)."""
+    """Another run holds the output (see :mod:`blockpred.io.ownership`)."""
 
 
 class OutputAccessError(BlockpredError, OSError):
@@ -64,7 +64,7 @@ class PackageTestFailedError(ModelLoadError):
 
 
 class OwnershipLostError(RuntimeError):
-    """This run no longer holds its output's lock: another run took it over (see :mod:`blockpred.ownership`)."""
+    """This run no longer holds its output's lock: another run took it over (see :mod:`blockpred.io.ownership`)."""
 
     exit_code = 1
 
@@ -191,3 +191,19 @@ def one_line(err: BaseException) -> str:
         return f"{reason}; {fix}"
     text = str(err).split("\n", 1)[0]
     return f"{type(err).__name__}: {text} (an unexpected error: run again with --debug for its traceback, and report it)"
+
+
+#: Messages of allocation failures that are not :class:`torch.OutOfMemoryError`.
+_OOM_MESSAGES = ("out of memory", "cudnn_status_alloc_failed", "can't allocate memory", "not enough memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for a device (or host) allocation failure, whatever layer raised it.
+
+    ``torch.OutOfMemoryError`` (and ``torch.cuda.OutOfMemoryError``, the same class) is told by its class, found
+    in the error's classes by name so that nothing here imports torch.
+    """
+    if isinstance(error, MemoryError) or any(
+            cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch") for cls in type(error).__mro__):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _OOM_MESSAGES)

@@ -28,7 +28,7 @@ os.environ["BLOCKPRED_CACHE_DIR"] = _SESSION_CACHE
 
 def pytest_addoption(parser):
     parser.addoption("--slurm", action="store_true", default=False,
-                     help="run the tests marked slurm, against a real SLURM (root starts one: see tests/test_slurm.py)")
+                     help="run the tests marked slurm, against a real SLURM (root starts one: see tests/cluster/test_slurm.py)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -145,7 +145,7 @@ def test_the_api_functions_stay_functions_once_the_package_has_been_used():
     import pkgutil
 
     import blockpred
-    from blockpred import runner
+    from blockpred.run import runner
 
     for info in pkgutil.walk_packages(blockpred.__path__, "blockpred."):
         if not info.name.endswith("__main__"):  # that one runs the command line

@@ -29,7 +29,7 @@ def test_slurm_example_imports_without_dask_jobqueue_and_has_main():
 
 
 def test_slurm_jobqueue_config_parses_and_its_settings_reach_the_job_script(tmp_path, monkeypatch):
-    from blockpred.jobqueue import JobSettings, _make_cluster
+    from blockpred.cluster.jobqueue import JobSettings, _make_cluster
 
     config = yaml.safe_load((ROOT / "configs" / "slurm.yaml").read_text())
     assert config["jobqueue"]["slurm"]["cores"] == 8

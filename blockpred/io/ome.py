@@ -1,7 +1,7 @@
 """OME-NGFF image metadata: writing an image (one scale, or a pyramid), reading its first scale.
 
 blockpred writes the prediction as the array ``0`` inside the image group
-(``--pyramid N`` adds ``1`` .. ``N``, see :mod:`blockpred.pyramid`):
+(``--pyramid N`` adds ``1`` .. ``N``, see :mod:`blockpred.run.pyramid`):
 
 * zarr format 3 -> OME-NGFF 0.5: ``attributes["ome"] = {"version": "0.5", "multiscales": [...]}``
 * zarr format 2 -> OME-NGFF 0.4: top-level ``multiscales`` whose entry carries ``"version": "0.4"``

@@ -46,7 +46,12 @@ import zarr.codecs
 import zarr.errors
 from zarr.storage import LocalStore
 
-from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from ..errors import (
+    InputNotFoundError,
+    InvalidOptionError,
+    InvalidVolumeError,
+    OutputExistsError,
+)
 from ..geometry import Coord
 from . import kvzarr, stores
 from .base import Volume, VolumePath, spatial_voxel_size
@@ -338,7 +343,7 @@ def _list_volumes(store, under: str = "") -> list[str] | str:
     return found
 
 
-# ---------------------------------------------------------------------- image pyramids (blockpred.pyramid)
+# ---------------------------------------------------------------------- image pyramids (blockpred.run.pyramid)
 
 
 @dataclass(frozen=True)

@@ -68,15 +68,14 @@ import torch
 from ..errors import InvalidOptionError, UntrustedPickleError
 from ..geometry import Coord
 from .bioimageio_ops import PackageNetwork, build_op, build_plane_op
-from .bioimageio_planes import PLANES_KEY
+from .bioimageio_planes import PLANES_KEY, STATISTICS_KEY  # noqa: F401 - STATISTICS_KEY: for callers
 from .bioimageio_package import (Package, entry_file, fail, is_package,  # noqa: F401 - is_package: for callers
                                  one_line, read_checked, read_package, weights_entry_file)
 from .planes import DEFAULT_BLOCK_2D, lift, stack_axis
 
 logger = logging.getLogger(__name__)
 
-#: Where the client hands the volume's statistics to the workers, in ``model_kwargs``.
-STATISTICS_KEY = "bioimageio_statistics"
+
 # ---------------------------------------------------------------------- loading
 
 

@@ -35,6 +35,8 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
+#: Where the client hands the volume's statistics to the workers, in ``model_kwargs``.
+STATISTICS_KEY = "bioimageio_statistics"
 #: Where a package's per-plane table sits in the statistics (``model_kwargs[STATISTICS_KEY]``).
 PLANES_KEY = "planes"
 
@@ -78,7 +80,7 @@ class PlaneStatistics:
 
     def __str__(self) -> str:
         """The table's fingerprint form: what a run's fingerprint holds of it (see
-        :func:`blockpred.markers.as_json`)."""
+        :func:`blockpred.pipeline.markers.as_json`)."""
         return f"sha256:{self.sha256}"
 
     def __eq__(self, other) -> bool:
@@ -130,8 +132,6 @@ def _digest(axis: int, first: int, values) -> str:
 
 def table_of(model_kwargs: Mapping[str, Any]) -> PlaneStatistics | None:
     """The per-plane table in a run's ``model_kwargs``, if any."""
-    from .bioimageio import STATISTICS_KEY
-
     statistics = model_kwargs.get(STATISTICS_KEY) or {}
     table = statistics.get(PLANES_KEY) if isinstance(statistics, Mapping) else None
     return table if isinstance(table, PlaneStatistics) else None

@@ -44,7 +44,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from ..geometry import Coord
-from ..pipeline.backoff import is_out_of_memory
+from ..errors import is_out_of_memory
 
 logger = logging.getLogger(__name__)
 

@@ -13,20 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
+from ..errors import is_out_of_memory  # noqa: F401 - the pipeline's, and every caller's
 from ..geometry import Box, Coord
-
-#: Messages of allocation failures that are not :class:`torch.OutOfMemoryError`.
-_OOM_MESSAGES = ("out of memory", "cudnn_status_alloc_failed", "can't allocate memory", "not enough memory")
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for a device (or host) allocation failure, whatever layer raised it."""
-    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _OOM_MESSAGES)
-
 
 def _part(length: int, parts: int, step: int) -> int:
     """The length of each of ``parts`` parts of ``length``, rounded up to ``step``."""

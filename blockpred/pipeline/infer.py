@@ -35,9 +35,7 @@ import contextlib
 import copy
 import itertools
 import logging
-import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -47,8 +45,8 @@ import torch
 
 from ..choices import COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
 from ..errors import InvalidOptionError
-from ..hostmem import keep_freed_memory
 from .cpu_steps import after_network, is_normalized, normalized
+from .hostmem import BufferPool, keep_freed_memory, pinned
 
 logger = logging.getLogger(__name__)
 
@@ -149,49 +147,6 @@ class Pending:
             release()
 
 
-class BufferPool:
-    """Reusable host buffers, a few per (shape, dtype); the least recently used shapes go first.
-
-    ``make(shape, dtype)`` makes a buffer when none of that key is free:
-    page-locked tensors for CUDA's copies, numpy arrays on the CPU, where a
-    fresh array costs its first touch (on this project's 2-core VM, 13-14 ms
-    for 16 MiB on small pages, 61-69 ms on huge ones: more than the steps
-    that fill it; see :mod:`blockpred.hostmem`).  Buffers
-    come back from writer threads (see :meth:`Pending.release`), so the pool
-    is locked.  It holds at most what was in use at once.
-    """
-
-    def __init__(self, make, max_keys: int = 8, per_key: int = 16):
-        self._make = make
-        self._free: OrderedDict[tuple, list] = OrderedDict()
-        self._max_keys, self._per_key = max_keys, per_key
-        self._lock = threading.Lock()
-
-    def take(self, shape: tuple[int, ...], dtype):
-        """A free buffer of ``shape`` and ``dtype`` (a torch dtype, or a :class:`numpy.dtype`, as buffers have)."""
-        key = (tuple(shape), dtype)
-        with self._lock:
-            free = self._free.get(key)
-            if free:
-                self._free.move_to_end(key)
-                return free.pop()
-        return self._make(tuple(shape), dtype)
-
-    def give(self, buffer) -> None:
-        key = (tuple(buffer.shape), buffer.dtype)
-        with self._lock:
-            free = self._free.setdefault(key, [])
-            self._free.move_to_end(key)
-            if len(free) < self._per_key:
-                free.append(buffer)
-            while len(self._free) > self._max_keys:
-                self._free.popitem(last=False)
-
-
-def _pinned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, pin_memory=True)
-
-
 def _upload_form(array: np.ndarray) -> np.ndarray:
     """The array as it goes to the device: its own dtype when torch handles it, else bits or float32."""
     if array.dtype in _UPLOADED:
@@ -202,7 +157,7 @@ def _upload_form(array: np.ndarray) -> np.ndarray:
 
 
 def _check_precision(precision: str) -> None:
-    """A predictor runs one of :data:`PRECISIONS`: ``auto`` is chosen before (see :mod:`blockpred.precision`)."""
+    """A predictor runs one of :data:`PRECISIONS`: ``auto`` is chosen before (see :mod:`blockpred.tuning.precision`)."""
     if precision not in PRECISIONS:
         raise InvalidOptionError(f"a predictor's precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
 
@@ -254,7 +209,7 @@ class Predictor:
             self._compute = torch.cuda.Stream(device)
             self._download = torch.cuda.Stream(device)
             self._compute.wait_stream(torch.cuda.current_stream(device))  # the weights' copies
-            self._pool = BufferPool(_pinned)
+            self._pool = BufferPool(pinned)
 
     def _build(self, precision: str) -> None:
         """The predictor's own copy of the network given, on the device, at ``precision``: casting weights,
@@ -280,7 +235,7 @@ class Predictor:
 
     def use_precision(self, precision: str) -> None:
         """Run at ``precision`` from now on: the network given is copied and cast again (a fallback of
-        ``--precision auto``, see :mod:`blockpred.precision`)."""
+        ``--precision auto``, see :mod:`blockpred.tuning.precision`)."""
         _check_precision(precision)
         if precision != self.precision:
             self._build(precision)

@@ -9,8 +9,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..blocking import Block
 from ..errors import BlockFailedError
+from .blocking import Block
 
 
 @dataclass(frozen=True)

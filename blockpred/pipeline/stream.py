@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from ..blocking import Block
 from ..errors import BlockFailedError
+from .blocking import Block
 from .prefetch import Idle
 from .stats import RunStats
 from .worker import raise_failures

@@ -29,14 +29,14 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..blocking import Block
 from ..errors import BlockFailedError, MissingChunkError
 from ..geometry import Box, Coord
 from ..io.base import Volume
 from ..normalize import Normalization
-from ..padding import read_padded_with_missing, source_indices
 from .backoff import Backoff, is_out_of_memory, split_core
+from .blocking import Block
 from .infer import DeviceSteps, Pending, Predictor
+from .padding import read_padded_with_missing, source_indices
 from .prefetch import prefetch
 from .stats import RunStats
 from .writer import BlockWriter
@@ -269,7 +269,7 @@ class _DeviceFeed:
 
     def _planes(self, blocks: list[Block], data: np.ndarray, part: Box) -> tuple[tuple[int, ...], ...] | None:
         """Per block, the volume plane each plane of its network input (``data``, (C, Z, Y, X), from ``part``
-        on) reads along ``planes_along``: padding past the volume's edge as :mod:`blockpred.padding` pads
+        on) reads along ``planes_along``: padding past the volume's edge as :mod:`blockpred.pipeline.padding` pads
         (a reflected plane is the plane it mirrors; a constant one is -1)."""
         axis = self._settings.planes_along
         if axis is None:

@@ -9,10 +9,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..blocking import Block
 from ..errors import BlockFailedError
 from ..io import stores
 from ..io.base import Volume
+from .blocking import Block
 
 
 class BlockWriter:

@@ -15,7 +15,7 @@ import zarr
 from blockpred.cli import main
 from blockpred.io import parse_volume_path
 from blockpred.io.identity import overlap, within
-from blockpred.markers import markers_path
+from blockpred.pipeline.markers import markers_path
 from tests.helpers import error_line, run_blockpred, snapshot, write_test_volume
 
 FAST = ("--device", "cpu", "--no-progress", "--block", "16", "--halo", "2", "--batch-size", "1",

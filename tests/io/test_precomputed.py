@@ -15,8 +15,8 @@ from blockpred.cli import main
 from blockpred.errors import InputNotFoundError, InvalidOptionError
 from blockpred.geometry import Box
 from blockpred.io import create_volume, open_volume, parse_volume_path, remove_volume, volume_exists
-from blockpred.markers import markers_path
-from blockpred.prepare import default_output_path
+from blockpred.pipeline.markers import markers_path
+from blockpred.run.prepare import default_output_path
 from tests.helpers import write_test_volume
 
 RESOLUTION_XYZ = (4.0, 6.0, 40.0)

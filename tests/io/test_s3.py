@@ -16,11 +16,11 @@ from blockpred.errors import InvalidOptionError
 from blockpred.io import open_volume
 from blockpred.io.base import parse_volume_path
 from blockpred.io.stores import ObjectUrl, StorageOptions, aws_credentials, kvstore_spec
-from blockpred.markers import DoneMarkers, markers_path
-from blockpred.prepare import check_output_path, default_output_path
+from blockpred.pipeline.markers import DoneMarkers, markers_path
+from blockpred.run.prepare import check_output_path, default_output_path
 from tests.helpers import write_test_volume, child_env
 
-#: Runs compared bitwise name their batch and layout (see tests/test_scheduler.py).
+#: Runs compared bitwise name their batch and layout (see tests/cluster/test_scheduler.py).
 PINNED = {"batch_size": 1, "memory_format": "contiguous"}
 RUN = dict(block=16, halo=4, local=True, progress=False, **PINNED)
 
@@ -243,8 +243,8 @@ def test_anonymous_writes_are_refused_by_the_store_in_one_line(s3, capsys):
 
 
 def test_marks_on_s3_are_buffered_and_written_as_one_object_per_flush(s3, monkeypatch):
-    from blockpred import markers as markers_module
-    from blockpred.blocking import plan_blocks
+    from blockpred.pipeline import markers as markers_module
+    from blockpred.pipeline.blocking import plan_blocks
     from blockpred.geometry import Coord
 
     monkeypatch.setattr(markers_module, "FLUSH_S", 60.0)  # only the count and flush() write here

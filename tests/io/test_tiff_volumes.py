@@ -24,7 +24,7 @@ from blockpred.errors import InputNotFoundError, InvalidOptionError, InvalidVolu
 from blockpred.geometry import Box
 from blockpred.io import (VolumePath, create_volume, move_aside, moved_aside, open_volume, parse_volume_path,
                           remove_volume, volume_exists)
-from blockpred.prepare import check_output_path
+from blockpred.run.prepare import check_output_path
 from tests.helpers import write_test_volume
 
 #: The real FIB-SEM volume (uint8 250^3), in ../shared/realdata beside the checkout (see its README).
@@ -335,7 +335,7 @@ def test_blockpred_run_on_a_folder_of_slices_is_bitwise_the_run_on_zarr(tmp_path
 
 
 def test_a_tiff_input_writes_by_default_to_a_zarr_beside_it(inputs):
-    from blockpred.prepare import default_output_path
+    from blockpred.run.prepare import default_output_path
 
     for source in ("multipage", "ome", "tif-slices"):
         target = default_output_path(parse_volume_path(str(inputs[source])))

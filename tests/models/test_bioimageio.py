@@ -258,7 +258,7 @@ def test_a_format_0_4_package_with_per_dataset_statistics_predicts_blockwise(pac
 
 
 def test_the_statistics_are_numpys_over_the_volume_and_part_of_the_runs_fingerprint(packages):
-    from blockpred.markers import DoneMarkers, markers_path
+    from blockpred.pipeline.markers import DoneMarkers, markers_path
     from blockpred.io import parse_volume_path
 
     (rdf, _, (lo, hi)), (zmuv, _, (mean, std)) = packages["scale_range"], packages["zmuv"]
@@ -275,7 +275,7 @@ def test_the_statistics_are_numpys_over_the_volume_and_part_of_the_runs_fingerpr
     assert again.num_resumed == 8  # the same statistics again: the run resumes, nothing is redone
     from blockpred.models.bioimageio import read_package
     from blockpred.models.bioimageio_stats import compute_statistics
-    from blockpred.package_stats import volume_sample
+    from blockpred.run.package_stats import volume_sample
 
     sample = volume_sample(open_volume(packages["volume"]))
     (percentiles,) = compute_statistics(read_package(rdf), sample).values()
@@ -534,7 +534,7 @@ def test_each_processing_step_is_numpys(step, reference):
 
 def test_a_large_volume_is_sampled_in_a_fixed_bounded_grid_of_tiles_spread_over_every_axis():
     from blockpred.geometry import Box
-    from blockpred.package_stats import SAMPLE_TILE, SAMPLE_VOXELS, volume_sample
+    from blockpred.run.package_stats import SAMPLE_TILE, SAMPLE_VOXELS, volume_sample
 
     class Virtual:
         """A (2, 1000, 3000, 3000) volume whose voxels hold their read's z begin (channel 0) or x begin (1)."""

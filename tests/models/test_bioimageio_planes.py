@@ -15,12 +15,12 @@ from blockpred.cli import main
 from blockpred.errors import InvalidOptionError, OutputExistsError
 from blockpred.geometry import Coord
 from blockpred.io import open_volume, parse_volume_path
-from blockpred.markers import DoneMarkers, markers_path
+from blockpred.pipeline.markers import DoneMarkers, markers_path
 from blockpred.models.bioimageio import STATISTICS_KEY
 from blockpred.models.bioimageio_planes import PLANES_KEY, PlaneStatistics
-from blockpred.package_stats import RUN_FILE
+from blockpred.run.package_stats import RUN_FILE
 from tests.helpers import build_2d_package, write_test_volume
-from tests.test_planes import make_net2d
+from tests.models.test_planes import make_net2d
 
 SHAPE = (3, 64, 48)  # three planes of very different brightness
 HALO = 32  # as the published nuclei U-Net's; this network's receptive radius is 5
@@ -122,7 +122,7 @@ def test_each_plane_gets_its_own_statistics_in_blocks_deeper_than_the_planes_lef
 
 def test_a_resume_reads_the_stored_statistics_and_another_volume_is_another_run(setup, tmp_path, monkeypatch,
                                                                                   caplog):
-    from blockpred import package_stats
+    from blockpred.run import package_stats
 
     target = tmp_path / "resumed.zarr"
     options = dict(model=str(setup["sized"]), block=(1, 32, 32), device="cpu", progress=False, local=True)
@@ -136,7 +136,7 @@ def test_a_resume_reads_the_stored_statistics_and_another_volume_is_another_run(
         raise AssertionError("a resume computed the per-plane statistics again")
 
     monkeypatch.setattr(package_stats, "compute_plane_statistics", recomputed)
-    with caplog.at_level(logging.INFO, logger="blockpred.package_stats"):
+    with caplog.at_level(logging.INFO, logger="blockpred.run.package_stats"):
         again = blockpred.predict(setup["volume"], str(target), **options)
     assert (again.num_resumed, again.stats.num_blocks) == (5, 7)
     assert "per-plane statistics of 3 planes stored with the run" in caplog.text
@@ -150,7 +150,7 @@ def test_a_resume_reads_the_stored_statistics_and_another_volume_is_another_run(
 
 
 def test_each_block_names_the_volume_plane_of_every_input_plane_reflected_past_the_edge(tmp_path):
-    from blockpred.blocking import plan_blocks
+    from blockpred.pipeline.blocking import plan_blocks
     from blockpred.io import create_volume
     from blockpred.pipeline import PipelineSettings, Predictor, resolve_device, run_blocks
 
@@ -218,7 +218,7 @@ def test_the_planes_statistics_on_dask_workers_are_those_of_the_thread_pool(setu
 
     from blockpred.models.bioimageio import read_package
     from blockpred.models.bioimageio_planes import Processing
-    from blockpred.package_stats import compute_plane_statistics
+    from blockpred.run.package_stats import compute_plane_statistics
 
     package = read_package(setup["sized"])
     path = parse_volume_path(setup["volume"]).absolute()

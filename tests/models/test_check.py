@@ -15,7 +15,7 @@ from blockpred.errors import PackageTestFailedError
 from blockpred.models import check
 from blockpred.models.check import DEFAULT_TOLERANCE, CheckResult, check_model
 from tests.helpers import build_2d_package, write_test_volume
-from tests.test_planes import make_net2d
+from tests.models.test_planes import make_net2d
 
 HALO, MIN, STEP = 8, 32, 16
 

@@ -12,7 +12,7 @@ from blockpred.models.unet import UNet3d
 from tests.helpers import write_test_volume
 
 TOLERANCE = 1e-5
-#: In this process, at fp32 (a GPU's default, auto, would run bf16: see blockpred.precision).
+#: In this process, at fp32 (a GPU's default, auto, would run bf16: see blockpred.tuning.precision).
 EXACT = dict(precision="fp32", progress=False, local=True)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import blockpred
-from blockpred.blocking import plan_blocks
+from blockpred.pipeline.blocking import plan_blocks
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
 from blockpred.pipeline import Backoff, DeviceSteps, PipelineSettings, Predictor, run_blocks

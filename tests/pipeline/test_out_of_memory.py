@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 import blockpred
 from blockpred.errors import BlockFailedError
 from blockpred.geometry import Box, Coord
-from blockpred.markers import DoneMarkers, markers_path
+from blockpred.pipeline.markers import DoneMarkers, markers_path
 from blockpred.io import parse_volume_path
 from blockpred.pipeline import Backoff, is_out_of_memory
 from blockpred.pipeline.backoff import split_core

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from blockpred.blocking import plan_blocks
+from blockpred.pipeline.blocking import plan_blocks
 from blockpred.errors import BlockFailedError
 from blockpred.geometry import Coord
 from blockpred.io import create_volume, open_volume
 from blockpred.models import load_model
-from blockpred.network import probe_network
+from blockpred.tuning.network import probe_network
 from blockpred.pipeline import PipelineSettings, Predictor, run_blocks
 from blockpred.pipeline.prefetch import Idle
 from blockpred.pipeline.stream import BlockStream, StreamStoppedError

@@ -7,13 +7,13 @@ import pytest
 import zarr
 from zarr.storage import LocalStore, WrapperStore
 
-from blockpred.blocking import plan_blocks
+from blockpred.pipeline.blocking import plan_blocks
 from blockpred.geometry import Coord
 from blockpred.io import open_volume
 from blockpred.io.base import Volume, VolumePath
 from blockpred.models import load_model
 from blockpred.pipeline import Backoff, PipelineSettings, Predictor, run_blocks
-from blockpred.network import probe_network
+from blockpred.tuning.network import probe_network
 from tests.helpers import write_test_volume
 
 import torch

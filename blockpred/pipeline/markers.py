@@ -1,0 +1,458 @@
+"""Done markers: which blocks of a run are finished, kept beside the output.
+
+A run writes, before any block, a small zarr v3 group beside the output
+container (``vol.zarr/prediction`` -> ``vol.zarr.blockpred/prediction``,
+``f.h5:/pred`` -> ``f.h5.blockpred/pred``) holding
+
+* the run's *fingerprint* (attributes): everything that decides the output's
+  values and layout -- input, model weights, block grid, halo, normalisation,
+  output dtype ...;
+* ``masked``, when the run has a mask: one byte per block of the grid, 1 for the
+  blocks the mask leaves out, written once, in bulk, when the run is created
+  (a teravoxel volume with a small mask skips millions of blocks without a
+  write each);
+* ``done/`` and ``skipped/``: append-only logs of block ids (little-endian
+  int64, the block's C-order position in the grid, see
+  :meth:`blockpred.pipeline.blocking.BlockPlan.block_id`), one file per process, so
+  workers never share a file.  A mark is one ``write`` of 8 bytes to a file
+  opened with ``O_APPEND`` (microseconds, and no file per block: 30 million
+  blocks make a few files, not 30 million).  A block is marked only after its
+  data is written; a record cut short by a crash is ignored.
+
+Reading the finished set is a bulk read of those few files into a boolean
+grid; re-running the same command skips finished blocks, and a run whose
+fingerprint differs is refused with the list of what changed.  Markers of an
+older blockpred (one chunk file per block under ``done/c/``) are still read.
+
+On an object store (an ``s3://`` output) the markers live on the same store
+beside the output (``s3://b/vol.zarr/raw`` -> ``s3://b/vol.zarr.blockpred/raw``).
+Objects cannot be appended to, so a process buffers its marks and writes them
+as a new small object ``done/<host>-<pid>-<random>-<seq>.ids`` (same records)
+every :data:`FLUSH_MARKS` marks, at most :data:`FLUSH_S` seconds after a mark
+(a timer), at the end of every job (:meth:`DoneMarkers.flush`) and at exit.
+A mark is still made only after the block's write committed; a crash loses at
+most the marks not yet flushed, and those blocks are computed again, writing
+the same values.  Reading lists ``done/`` and reads its objects at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import zarr
+
+from ..errors import RunFailedError
+from ..geometry import Coord
+from ..io import kvzarr, stores
+from ..io.base import VolumePath
+from ..io.ownership import check_owner, lock_path
+from ..io.stores import ObjectUrl
+from .blocking import Block, BlockPlan
+
+log = logging.getLogger(__name__)
+
+_ROOT_NAME = "_root"
+#: One log record: a block id.
+_RECORD = np.dtype("<i8")
+_LOG_SUFFIX = ".ids"
+#: Chunks of the ``masked`` array, in blocks (a few chunks even for millions of blocks).
+_MASKED_CHUNKS = (64, 128, 128)
+#: On an object store: a process writes its buffered marks as one object every this many marks ...
+FLUSH_MARKS = 512
+#: ... and at most this many seconds after a mark.
+FLUSH_S = 1.0
+
+
+def markers_path(target: VolumePath) -> Path | ObjectUrl:
+    """Where the markers of an output live: beside its (real, links resolved) container, named after its dataset."""
+    container = target.absolute().container
+    if not isinstance(container, ObjectUrl):  # one output, one set of markers, whichever link reaches it
+        container = Path(os.path.realpath(container))
+    return container.with_name(container.name + ".blockpred") / (target.dataset or _ROOT_NAME)
+
+
+#: Fingerprint keys left out at their default (so outputs of runs before the key existed still resume): that value.
+FINGERPRINT_DEFAULTS = {"tta": "off"}
+
+
+def describe_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``["halo (10, 10, 10) -> (8, 8, 8)", ...]`` for every key whose value differs."""
+    changes = []
+    for key in sorted(set(before) | set(now)):
+        was, is_ = (values.get(key, FINGERPRINT_DEFAULTS.get(key)) for values in (before, now))
+        if was != is_:
+            changes.append(f"{key} {_show(was)} -> {_show(is_)}")
+    return changes
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return "(" + ", ".join(_show(v) for v in value) + ")"
+    if isinstance(value, str) and len(value) > 16 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]  # a hash: its start is enough to tell two apart
+    return str(value)
+
+
+def as_json(value: Any) -> Any:
+    """A fingerprint value in the plain form JSON stores (tuples become lists)."""
+    return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, (tuple, Coord)) else str(v)))
+
+
+# Per process: the open log of each marker set and kind, and the blocks this process marked (a bit per block).
+_LOGS: dict[tuple[str, str, int], int] = {}
+_MARKED: dict[tuple[str, str], "_Bits"] = {}
+_LOGS_LOCK = threading.Lock()
+
+
+class _Bits:
+    """One bit per block of a grid: flat memory (3.8 MB for 30 million blocks), not a Python int per block."""
+
+    def __init__(self, size: int):
+        self._bytes = np.zeros((size + 7) // 8, dtype=np.uint8)
+
+    def add(self, index: int) -> None:
+        self._bytes[index >> 3] |= np.uint8(1 << (index & 7))
+
+    def __contains__(self, index: int) -> bool:
+        return bool(self._bytes[index >> 3] & (1 << (index & 7)))
+
+
+@dataclass(frozen=True)
+class DoneMarkers:
+    """The markers of one output; cheap to pickle (it holds paths and the grid only)."""
+
+    path: Path | ObjectUrl
+    grid_begin: Coord
+    grid_shape: Coord
+    #: Tells one creation of the markers from another at the same path (a log is never reused).
+    token: str = ""
+    #: The token of the run that owns the output (its lock, see :mod:`blockpred.io.ownership`): marks are made
+    #: only while that run holds the lock.  "" checks nothing (markers used outside a run).
+    owner: str = ""
+
+    # ----------------------------------------------------------------- life cycle
+    @property
+    def remote(self) -> bool:
+        """True for markers on an object store (marks buffered and written as objects)."""
+        return isinstance(self.path, ObjectUrl)
+
+    @classmethod
+    def create(cls, path: Path | ObjectUrl, plan: BlockPlan, fingerprint: Mapping[str, Any],
+               masked: np.ndarray | None = None) -> "DoneMarkers":
+        """New markers for ``plan``; ``masked`` (a boolean grid) marks the blocks a mask leaves out."""
+        remote = isinstance(path, ObjectUrl)
+        stores.remove_tree(path)
+        token = uuid.uuid4().hex
+        group = zarr.open_group(_zarr_location(path), mode="w", zarr_format=3)
+        group.attrs["blockpred"] = {"fingerprint": as_json(fingerprint), "grid_begin": list(plan.grid_begin),
+                                    "grid_shape": list(plan.grid_shape), "token": token}
+        if masked is not None and masked.any():
+            if masked.shape != tuple(plan.grid_shape):
+                raise ValueError(f"masked grid {masked.shape} is not the block grid {tuple(plan.grid_shape)}")
+            chunks = tuple(min(c, n) for c, n in zip(_MASKED_CHUNKS, masked.shape))
+            array = group.create_array("masked", shape=masked.shape, chunks=chunks, dtype="uint8", fill_value=0)
+            array[...] = masked.astype(np.uint8)
+        for name in ("done", "skipped"):
+            if not remote:  # an object store has no directories: the logs' keys make them
+                (path / name).mkdir()
+        return cls(path, plan.grid_begin, plan.grid_shape, token)
+
+    @classmethod
+    def open(cls, path: Path | ObjectUrl) -> "DoneMarkers | None":
+        """The markers at ``path``, or None when there are none (or they are unreadable)."""
+        if isinstance(path, ObjectUrl):
+            if stores.read_bytes(path / "zarr.json") is None:
+                return None
+        elif not (path / "zarr.json").is_file():
+            return None
+        try:
+            meta = zarr.open_group(_zarr_location(path, read_only=True), mode="r").attrs["blockpred"]
+            return cls(path, Coord(meta["grid_begin"]), Coord(meta["grid_shape"]), meta.get("token", ""))
+        except (KeyError, ValueError, TypeError, FileNotFoundError):
+            return None
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(zarr.open_group(_zarr_location(self.path, read_only=True), mode="r").attrs["blockpred"]["fingerprint"])
+
+    @staticmethod
+    def invalidate(path: Path | ObjectUrl) -> None:
+        """Make the markers at ``path`` vouch for nothing, at once, then remove them.
+
+        Their group's ``zarr.json`` goes first (one unlink): from then on
+        :meth:`open` finds no markers, so an output whose deletion is cut short
+        (a kill, a full disk, a refused permission) is never resumed as finished.
+        """
+        head = path / "zarr.json"
+        if isinstance(head, ObjectUrl):
+            stores.delete_prefix(head)
+        else:
+            try:
+                os.unlink(head)
+            except FileNotFoundError:
+                pass
+        stores.remove_tree(path)
+
+    @staticmethod
+    def remove(path: Path | ObjectUrl) -> None:
+        stores.remove_tree(path)
+        if isinstance(path, ObjectUrl):
+            return
+        parent = path.parent
+        if parent.name.endswith(".blockpred") and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+
+    # ----------------------------------------------------------------- marking
+    def block_id(self, index: Coord) -> int:
+        rel = index - self.grid_begin
+        return (rel[0] * self.grid_shape[1] + rel[1]) * self.grid_shape[2] + rel[2]
+
+    def _log(self, name: str) -> int:
+        """This process's log of ``name`` marks, opened (created) on first use."""
+        key = (str(self.path), self.token + name, os.getpid())
+        fd = _LOGS.get(key)
+        if fd is None:
+            with _LOGS_LOCK:
+                fd = _LOGS.get(key)
+                if fd is None:
+                    log = self.path / name / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}{_LOG_SUFFIX}"
+                    fd = _LOGS[key] = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return fd
+
+    def _mark(self, name: str, block: Block) -> None:
+        if self.owner:
+            check_owner(lock_path(self.path), self.owner)
+        block_id = self.block_id(block.index)
+        if self.remote:
+            _buffer(self.path, self.token, name).add(block_id)
+        else:
+            os.write(self._log(name), _RECORD.type(block_id).tobytes())  # one append: a whole record or none
+        with _LOGS_LOCK:
+            marked = _MARKED.get((str(self.path), self.token))
+            if marked is None:
+                marked = _MARKED[(str(self.path), self.token)] = _Bits(self.grid_shape.prod())
+            marked.add(block_id)
+
+    def mark_done(self, block: Block) -> None:
+        """Record that ``block``'s data is written (call only after the write)."""
+        self._mark("done", block)
+
+    def mark_skipped(self, block: Block) -> None:
+        """Record that ``block`` needs no network (its input is empty)."""
+        self._mark("skipped", block)
+
+    def flush(self, *, quiet: bool = False) -> None:
+        """Write this process's buffered marks (object stores; local marks are written as they come).
+
+        A failure raises :class:`RunFailedError` (the blocks are written, their marks are not: the next run
+        computes them again), or with ``quiet`` (a run already failing) is one warning line.
+        """
+        if not self.remote:
+            return
+        for name in ("done", "skipped"):
+            buffer = _BUFFERS.get((str(self.path), self.token, name, os.getpid()))
+            if buffer is None:
+                continue
+            try:
+                buffer.flush(raise_errors=True)
+            except Exception as err:  # noqa: BLE001 - said in one line
+                text = f"the marks of {len(buffer.ids)} finished block(s) could not be written to {self.path / name} " \
+                       f"({str(err).split(chr(10), 1)[0]}); the next run computes those blocks again"
+                buffer.reported = True
+                if not quiet:
+                    raise RunFailedError(text) from err
+                log.warning("%s", text)
+
+    def close(self) -> None:
+        """At the run's end: close this process's logs of these markers and forget what it marked here.
+
+        The marks stay on disk.  A process that runs many runs (a notebook, a worker of a long-lived
+        cluster) would otherwise keep a descriptor open per run and output.  Marking again opens a new log.
+        """
+        with _LOGS_LOCK:
+            names = (self.token + "done", self.token + "skipped")
+            for key in [k for k in _LOGS if k[0] == str(self.path) and k[1] in names and k[2] == os.getpid()]:
+                os.close(_LOGS.pop(key))
+            _MARKED.pop((str(self.path), self.token), None)
+
+    def marked_here(self, block: Block) -> bool:
+        """True when this process marked ``block`` (a retried task skips what it finished)."""
+        marked = _MARKED.get((str(self.path), self.token))
+        return marked is not None and self.block_id(block.index) in marked
+
+    # ----------------------------------------------------------------- reading, in bulk
+    def _ids(self, name: str) -> np.ndarray:
+        """Every block id in the ``name`` logs (and an older blockpred's chunk files), unsorted."""
+        if self.remote:
+            return _remote_ids(self.path / name)
+        parts = []
+        directory = self.path / name
+        for entry in os.scandir(directory) if directory.is_dir() else ():
+            if entry.name.endswith(_LOG_SUFFIX):
+                raw = Path(entry.path).read_bytes()
+                parts.append(np.frombuffer(raw[: len(raw) - len(raw) % _RECORD.itemsize], dtype=_RECORD))
+        legacy = directory / "c"
+        if legacy.is_dir():
+            indices = [index - self.grid_begin for index in self._listed(legacy)]
+            parts.append(np.ravel_multi_index(tuple(np.array(indices, dtype=np.int64).reshape(-1, 3).T),
+                                              tuple(self.grid_shape)).astype(np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _listed(self, root: Path) -> list[Coord]:
+        found = []
+        for dirpath, _, files in os.walk(root):
+            rel = Path(dirpath).relative_to(root).parts
+            if len(rel) == 2:
+                # zarr wrote a chunk to a temporary name and renamed it: count finished files only.
+                found.extend(self.grid_begin + Coord((int(rel[0]), int(rel[1]), int(f))) for f in files if f.isdigit())
+        return found
+
+    def masked(self) -> np.ndarray:
+        """The boolean grid of blocks the run's mask leaves out (all False without a mask)."""
+        if self.remote:
+            if stores.read_bytes(self.path / "masked" / "zarr.json") is None:
+                return np.zeros(tuple(self.grid_shape), dtype=bool)
+        elif not (self.path / "masked" / "zarr.json").is_file():
+            return np.zeros(tuple(self.grid_shape), dtype=bool)
+        return zarr.open_array(_zarr_location(self.path / "masked", read_only=True), mode="r")[...].astype(bool)
+
+    def _grid(self, *names: str) -> np.ndarray:
+        grid = np.zeros(self.grid_shape.prod(), dtype=bool)
+        for name in names:
+            grid[self._ids(name)] = True
+        return grid.reshape(tuple(self.grid_shape))
+
+    def finished(self) -> np.ndarray:
+        """The boolean grid of finished blocks: done, skipped or masked."""
+        return self._grid("done", "skipped") | self.masked()
+
+    def todo_ids(self) -> np.ndarray:
+        """The ids of the blocks not finished, in C order over the grid."""
+        return np.flatnonzero(~self.finished().reshape(-1))
+
+    def _indices(self, grid: np.ndarray) -> set[Coord]:
+        return {self.grid_begin + Coord(index) for index in np.argwhere(grid)}
+
+    def done_indices(self) -> set[Coord]:
+        """Grid indices of the blocks marked done."""
+        return self._indices(self._grid("done"))
+
+    def skipped_indices(self) -> set[Coord]:
+        """Grid indices of the blocks skipped: masked out, or found empty."""
+        return self._indices(self._grid("skipped") | self.masked())
+
+    def finished_indices(self) -> set[Coord]:
+        return self._indices(self.finished())
+
+
+def _zarr_location(path: Path | ObjectUrl, read_only: bool = False):
+    """What zarr-python opens the markers' group (or array) at: a local path, or a store on the object store."""
+    return kvzarr.zarr_store(path, read_only=read_only) if isinstance(path, ObjectUrl) else str(path)
+
+
+# ----------------------------------------------------------------- marks on an object store
+
+
+class _MarkBuffer:
+    """One process's unwritten marks of one kind for one set of markers on an object store."""
+
+    def __init__(self, directory: ObjectUrl):
+        self.directory = directory
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.ids: list[int] = []
+        self.seq = 0
+        self.last_flush = time.monotonic()
+        self.lock = threading.Lock()
+        #: Held while marks are written: one write at a time, and a final flush waits for a timer's write.
+        self.write_lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        #: True once a failure to write these marks was reported (later failures are not said again).
+        self.reported = False
+
+    def add(self, block_id: int) -> None:
+        """Buffer a mark.  Never writes here: marks come from tensorstore's own callback threads, which must
+        not wait on tensorstore; a timer thread writes them (at once when due, else within ``FLUSH_S``)."""
+        with self.lock:
+            self.ids.append(block_id)
+            due = len(self.ids) >= FLUSH_MARKS or time.monotonic() - self.last_flush >= FLUSH_S
+            if self.timer is not None and due:
+                self.timer.cancel()
+                self.timer = None
+            if self.timer is None:
+                self.timer = threading.Timer(0.0 if due else FLUSH_S, self.flush)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def flush(self, raise_errors: bool = False) -> None:
+        """Write the buffered marks as one new object ``<name>-<seq>.ids``; returns once they are stored."""
+        with self.write_lock:
+            with self.lock:
+                ids, self.ids = self.ids, []
+                if self.timer is not None:
+                    self.timer.cancel()
+                    self.timer = None
+                self.last_flush = time.monotonic()
+                if not ids:
+                    return
+                seq, self.seq = self.seq, self.seq + 1
+            try:
+                stores.write_bytes(self.directory / f"{self.name}-{seq:08d}{_LOG_SUFFIX}",
+                                   np.asarray(ids, dtype=_RECORD).tobytes())
+            except Exception as err:
+                with self.lock:
+                    self.ids[:0] = ids  # kept for the next flush
+                if raise_errors:
+                    raise
+                # Said once: a run that already reported these marks lost (DoneMarkers.flush) ends on its error line.
+                say = log.debug if self.reported else log.warning
+                say("writing %d done marks to %s failed (%s); kept for the next flush (blocks whose marks are never "
+                    "written are computed again by the next run)", len(ids), self.directory, str(err).split("\n", 1)[0])
+
+
+_BUFFERS: dict[tuple[str, str, str, int], _MarkBuffer] = {}
+
+
+def _buffer(path: ObjectUrl, token: str, name: str) -> _MarkBuffer:
+    key = (str(path), token, name, os.getpid())
+    buffer = _BUFFERS.get(key)
+    if buffer is None:
+        with _LOGS_LOCK:
+            buffer = _BUFFERS.setdefault(key, _MarkBuffer(path / name))
+    return buffer
+
+
+@atexit.register
+def _flush_all() -> None:
+    """At exit (not on a kill): every buffered mark of this process."""
+    for key, buffer in list(_BUFFERS.items()):
+        if key[3] == os.getpid():
+            buffer.flush()
+
+
+def _remote_ids(directory: ObjectUrl) -> np.ndarray:
+    """The block ids of every mark object below ``directory``, read at once."""
+    kv = stores.bucket_kvstore(directory)
+    keys = [key for key in stores.list_keys(directory) if key.endswith(_LOG_SUFFIX)]
+    pending = [kv.read(f"{directory.key}/{key}") for key in keys]
+    parts = []
+    for key, future in zip(keys, pending):
+        try:
+            raw = bytes(future.result().value)
+        except ValueError as error:
+            raise stores.storage_error(directory / key, error) from error
+        parts.append(np.frombuffer(raw[: len(raw) - len(raw) % _RECORD.itemsize], dtype=_RECORD))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+__all__ = ["DoneMarkers", "markers_path", "describe_changes", "as_json"]

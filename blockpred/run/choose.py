@@ -1,0 +1,428 @@
+"""A run's block, halo, batch and memory format: named by the options, else the model's, cached or measured.
+
+:func:`plan_layout` takes what the options name and fills in the rest: the
+start block (the model's default, 64^3, or a larger one for a network that
+reads no halo), the halo (the model's, a valid network's none), then the
+measured defaults (:mod:`blockpred.tuning.defaults`: a bounded quick search, cached)
+or the full trial search of ``--block auto`` / ``--batch-size auto``
+(:mod:`blockpred.tuning.autosize`), each ending in the network's dry run at the
+chosen block (:mod:`blockpred.tuning.network`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..config import MEMORY_FORMATS, RunConfig
+from ..errors import InvalidOptionError, ModelLoadError
+from ..geometry import Coord
+from ..io import VolumePath, supports_sharding
+from ..models.bioimageio import STATISTICS_KEY
+from ..models.field import NetworkField, network_field, stated_field
+from ..models.planes import default_halo, stack_axis
+from ..pipeline import DeviceSteps, Predictor, is_out_of_memory, resolve_device
+from ..pipeline.blocking import BlockPlan, blocks_per_axis, plan_blocks
+from ..pipeline.job import ModelSpec
+from ..tuning.autosize import (
+    SizeChoice,
+    SizeProblem,
+    Trial,
+    choose_sizes,
+    model_key,
+    probe_block,
+    quick_trial_passes,
+)
+from ..tuning.defaults import Defaults, measuring_budget
+from ..tuning.memformat import REPEATS as FORMAT_REPEATS
+from ..tuning.memformat import FormatChoice, choose_memory_format
+from ..tuning.network import NetworkGeometry, probe_network
+from .halo import HaloChoice, choose_halo, grow_start_block
+from .layout import OutputLayout, block_step, choose_layout
+
+logger = logging.getLogger(__name__)
+
+#: Block core when neither the options nor the model say (rounded to the downsampling).
+DEFAULT_BLOCK = Coord((64, 64, 64))
+#: Halo for a 'same' network that states none.
+DEFAULT_HALO = Coord((8, 8, 8))
+#: Start block of a network that reads no halo and no context (pointwise: a copy, a threshold, a stand-in):
+#: no block wastes any halo, so the larger block pays its per-block costs (reads, writes, markers) 16x less
+#: often (the copy network's command: 64^3 ran at 0.6 of this block's Mvox/s).
+ZERO_HALO_BLOCK = Coord((64, 256, 256))
+
+
+def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord,
+                  halo: HaloChoice | None = None) -> Coord:
+    """The block the options name; else the model's default (or 64^3, grown where a measured halo would
+    cost more than it writes: :func:`blockpred.run.halo.grow_start_block`), no larger than the ROI needs."""
+    if config.block is not None:
+        return config.block
+    block = model_block if model_block is not None else DEFAULT_BLOCK
+    step = block_step(downsampling, config.output_chunks, config.shards)
+    if model_block is None and halo is not None and halo.source == "field":
+        block = grow_start_block(block, halo.halo, step, halo.plane_axis)
+    # A small volume gets one small block rather than one mostly made of padding.
+    return block.minimum(roi_shape).ceil_div(step) * step
+
+
+def model_key_of(cfg: RunConfig, model) -> dict:
+    kwargs = {k: v for k, v in cfg.model_kwargs.items() if k != STATISTICS_KEY}  # speed does not depend on them
+    name = model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind
+    if cfg.tta != "off":  # a pass per flip: timed and cached apart
+        name = f"{name} (tta {cfg.tta})"
+    if model.plane not in (None, "yx"):
+        name = f"{name} ({model.plane} planes)"
+    return model_key(name, model.weights_sha256, kwargs)
+
+
+def network_downsampling(cfg: RunConfig, model, field: NetworkField | None = None) -> Coord:
+    """The downsampling named, else the one found (the network's field), else the one the model states."""
+    if cfg.downsampling is not None:
+        return cfg.downsampling
+    return field.downsampling if field is not None else model.downsampling
+
+
+def network_field_of(cfg: RunConfig, model, in_channels: int) -> NetworkField | None:
+    """The network's grid and receptive field (:mod:`blockpred.models.field`): stated by a preset or a
+    module that names its ``receptive_radius``, else found by dry runs and measured (cached per network).
+    None where finding them failed (the run goes on with what the model states, as before)."""
+    plane_axis = stack_axis(model.plane) if model.plane is not None else None
+    if model.receptive_radius is not None:
+        return stated_field(network_downsampling(cfg, model), model.receptive_radius) if model.padding != "valid" \
+            else None  # a valid network's context is found by the dry run
+    if any(getattr(model.module, "fixed", ()) or ()):  # a package of one input shape: its block is that shape
+        return None
+    named = cfg.downsampling
+    hint = named if named is not None else (model.downsampling if model.downsampling != Coord((1, 1, 1)) else None)
+    stated_min = getattr(model.module, "min_shape", None)  # a package's smallest input: the first shape tried
+    try:
+        return network_field(model.module, in_channels, model_key_of(cfg, model), hint=hint,
+                             trusted=named is not None, plane_axis=plane_axis,
+                             first_base=Coord(stated_min) if stated_min is not None and len(stated_min) == 3 else None)
+    except ModelLoadError as err:  # the start block's dry run says what is wrong, if anything is
+        logger.warning("%s; the receptive field is not measured: going on with downsampling %s", err,
+                       ",".join(map(str, network_downsampling(cfg, model))))
+        return None
+
+
+@dataclass(frozen=True)
+class Layout:
+    plan: BlockPlan
+    geometry: NetworkGeometry
+    output: OutputLayout
+    batch_size: int
+    #: What ``--block auto`` / ``--batch-size auto`` chose, if asked.
+    sizing: SizeChoice | None = None
+    #: What the measured defaults chose (None when block, batch and memory format were all named).
+    defaults: Defaults | None = None
+    #: The memory format the measured defaults chose, if they measured or found one.
+    format_choice: FormatChoice | None = None
+    #: The halo and where it came from, with the network's receptive field (see :mod:`blockpred.run.halo`).
+    halo: HaloChoice | None = None
+    #: The network's downsampling: named, found, or stated by the model.
+    downsampling: Coord = Coord((1, 1, 1))
+
+
+def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
+                target_path: VolumePath, measure: bool = True, todo_share: float = 1.0,
+                after_dry_run: Callable[[NetworkGeometry, Coord], None] | None = None,
+                field: NetworkField | None = None, resume_halo: Coord | None = None) -> Layout:
+    """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run.
+
+    ``after_dry_run(geometry, halo)`` runs once the start block's dry run is done, before anything is measured
+    (``--precision auto``'s check, which may change the predictor's precision).  ``field``: the network's
+    grid and receptive field (:func:`network_field_of`), which give the downsampling and the default halo;
+    ``resume_block`` / ``resume_halo``: what the run being resumed started with (kept where none is named).
+    """
+    downsampling = network_downsampling(cfg, model, field)
+    plane_axis = stack_axis(model.plane) if model.plane is not None else None
+    if cfg.halo is None and resume_halo is not None:
+        halo_choice = HaloChoice(resume_halo, "named", field, None if field is None else field.exact_halo,
+                                 plane_axis=plane_axis)
+    else:
+        halo_choice = choose_halo(named=cfg.halo, model_halo=model.default_halo, field=field,
+                                  downsampling=downsampling, plane_axis=plane_axis)
+    probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken())
+    auto_block = cfg.block == "auto"
+    start_block = resume_block if cfg.block in ("auto", None) and resume_block is not None else (
+        None if auto_block else cfg.block)
+    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape, halo_choice)
+    searching = auto_block and resume_block is None
+    base_block = block
+    if searching:  # the dry run on a small block: the default one may not fit the device
+        block = probe_block(block, downsampling)
+
+    def layout_for(block: Coord) -> OutputLayout:
+        return choose_layout(block=block, volume_shape=source.spatial_shape, chunks=cfg.output_chunks,
+                             shards=cfg.shards, can_shard=supports_sharding(target_path), target=str(target_path))
+
+    output = None if searching else layout_for(block)
+    halo_defaulted = halo_choice.source == "fallback" and field is None and resume_halo is None
+    halo = halo_choice.halo
+    if halo_defaulted:  # nothing measured: blockpred's old default, 8 (a 2D network's within its planes)
+        halo = DEFAULT_HALO if model.plane is None else default_halo(model.plane)
+        if model.padding == "valid":
+            halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
+        halo_choice = dataclasses.replace(halo_choice, halo=halo)
+    # Check block, halo, chunks and ROI before the (possibly slow) dry run.
+    plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
+                downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
+    in_channels = source.num_channels or 1
+    started = time.perf_counter()
+    geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
+                     first_input=_valid_input_hint(model, block + halo * 2, field))
+    if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
+        # The dry run showed a valid network the model did not announce: drop the default halo.
+        halo = Coord((0, 0, 0))
+        halo_choice = HaloChoice(halo, "valid", field, halo, plane_axis=plane_axis)
+        started = time.perf_counter()
+        geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+    if (start_block is None and model.default_block is None and halo == Coord((0, 0, 0))
+            and geometry.context == Coord((0, 0, 0)) and not searching):
+        larger = _choose_block(cfg.replace(block=ZERO_HALO_BLOCK), None, downsampling, roi.shape)
+        if larger != block:  # nothing to waste in halos: the block that pays its per-block costs least often
+            block = larger
+            started = time.perf_counter()
+            geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+    dry_run_s = time.perf_counter() - started
+    if after_dry_run is not None:
+        after_dry_run(geometry, halo)
+    batch_size, sizing, defaults, format_choice = cfg.batch_size, None, None, None
+    if not searching and batch_size != "auto" and (
+            cfg.block is None or batch_size is None or (cfg.memory_format is None and cfg.compile == "off")):
+        defaults, sizing, format_choice = _measured_defaults(
+            cfg, source, roi, model, predictor, block, halo, geometry, downsampling, dry_run_s,
+            block_named=cfg.block is not None or resume_block is not None, measure=measure, todo_share=todo_share)
+        batch_size = defaults.batch_size if defaults.batch_size is not None else batch_size
+        if defaults.block is not None and defaults.block != block:
+            block = defaults.block
+            if geometry.context == Coord((0, 0, 0)) and sizing is not None:
+                # A 'same' network maps any input on its grid to itself, and its trials (in this run or the
+                # cached one) ran this block or one on the same grid (an estimated block, see autosize.pick):
+                # no second dry run at a block that may take seconds.
+                shape = (block + halo * 2).ceil_div(downsampling) * downsampling
+                geometry = NetworkGeometry(geometry.in_channels, geometry.out_channels, shape, shape, geometry.context)
+            else:
+                geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo,
+                                 downsampling=downsampling,
+                                 first_input=_valid_input_hint(model, block + halo * 2, field))
+    elif searching or batch_size == "auto":
+        sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
+                            fixed_block=None if searching else block)
+        batch_size = sizing.batch_size
+        if sizing.block != block:
+            block = sizing.block
+            geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo,
+                             downsampling=downsampling,
+                             first_input=_valid_input_hint(model, block + halo * 2, field))
+    output = layout_for(block)
+    plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
+                       input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
+                       chunk_shape=output.write_unit)
+    return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice, halo_choice,
+                  downsampling)
+
+
+def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
+                       geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float, *, block_named: bool,
+                       measure: bool, todo_share: float = 1.0) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
+    """The block, batch and memory format the options leave open, measured within the run's budget.
+
+    ``block`` is the start block the dry run took ``dry_run_s`` on; see
+    :mod:`blockpred.tuning.defaults` for when and how much is measured.  ``todo_share``:
+    the share of the blocks still to run (a resume), which the estimate counts.
+    """
+    want_block, want_batch = not block_named, cfg.batch_size is None
+    want_format = cfg.memory_format is None and cfg.compile == "off"
+    blocks = blocks_per_axis(roi, block).prod() * todo_share
+    in_channels = source.num_channels or 1
+    shape = (1, in_channels) + tuple(geometry.input_shape)
+    started = time.perf_counter()
+    spent = lambda: time.perf_counter() - started  # noqa: E731
+    here = cfg.scheduler is None  # passes timed here stand for the run's device (else it is a worker's)
+
+    def choose(budget: float, pass_s: float | None = None) -> tuple[FormatChoice | None, SizeChoice | None]:
+        """What is cached, and within ``budget`` seconds (from ``started``) what is not.
+
+        ``pass_s``: a warm pass of the start block in the predictor's layout (contiguous unless named), timed
+        on random data: the layout comparison and the first size trial take it instead of running it again.
+        """
+        chosen_format = chosen_sizes = None
+        known_format = {predictor.memory_format: pass_s} if pass_s is not None and here else None
+        if want_format:
+            # The passes of a quick trial per layout not yet timed (the estimate's pass is the known one's).
+            layouts = len(MEMORY_FORMATS) - bool(known_format)
+            cost = quick_trial_passes(predictor.device.type) * layouts * (pass_s or 0.0)
+            chosen_format = choose_format(cfg, model, predictor, shape, quick=True,
+                                           cached_only=pass_s is None or spent() + cost > budget, known=known_format)
+        if want_block or want_batch:
+            known: tuple[Trial, ...] = ()
+            seconds = chosen_format.seconds.get(predictor.memory_format) if chosen_format is not None else pass_s
+            if here and seconds and (chosen_format is None or not chosen_format.cached):
+                known = (Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds),)
+            # With a known trial the search costs nothing more where the budget is spent: it may still take
+            # a larger block untimed (see autosize.pick).
+            chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
+                                      fixed_block=None if want_block else block, quick_s=max(0.0, budget - spent()),
+                                      cached_only=budget - spent() <= 0 and not known, known=known)
+        return chosen_format, chosen_sizes
+
+    format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
+    complete = (format_choice is not None or not want_format) and (
+        sizing.complete if sizing is not None else not (want_block or want_batch))  # else a cut-short search goes on
+    estimated, out_of_memory = blocks * dry_run_s, False
+    if not complete and measure and measuring_budget(estimated) > 0:
+        # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
+        batch = np.random.default_rng(0).random(shape, dtype=np.float32)  # kernels may run faster on zeros
+        started = time.perf_counter()
+        try:
+            predictor(batch)
+        except Exception as err:  # noqa: BLE001 - out of memory ends the measuring; anything else is the network's
+            if not is_out_of_memory(err):
+                raise
+            predictor.release_memory()  # the run's own recovery (smaller batches, parts) takes over
+            out_of_memory = True
+        else:
+            pass_s = spent()
+            estimated = blocks * pass_s
+            format_choice, sizing = choose(measuring_budget(estimated), pass_s)
+    measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
+    found = format_choice is not None or sizing is not None
+    if measured:
+        how = "measured"
+    elif found:
+        how = "cached"
+    elif todo_share <= 0:
+        how = "not measured: every block of this output is done"
+    elif not measure and cfg.cluster is not None:
+        how = "not measured: this machine has not the jobs' device (name --block and --batch-size)"
+    elif not measure:
+        how = "not measured yet: the run measures"
+    elif out_of_memory:
+        how = "not measured: the start block ran out of device memory in a timed pass"
+    else:
+        how = (f"not measured: the run is estimated at {estimated:.1f} s at the start block, too short "
+               f"for measuring to pay")
+    defaults = Defaults(
+        block=(sizing.block if sizing is not None else block) if want_block else None,
+        batch_size=(sizing.batch_size if sizing is not None else 1) if want_batch else None,
+        memory_format=(format_choice.memory_format if format_choice is not None else "contiguous")
+        if want_format else None,
+        estimated_run_s=estimated, measured_s=spent() if measured else 0.0, how=how)
+    return defaults, sizing, format_choice
+
+
+def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
+               halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None,
+               quick_s: float | None = None, cached_only: bool = False,
+               known: tuple = ()) -> SizeChoice | None:
+    """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
+
+    ``quick_s`` / ``cached_only``: the measured defaults' search (see
+    :func:`blockpred.tuning.autosize.choose_sizes`); None when ``cached_only`` finds nothing.
+
+    With ``--scheduler`` the trials run on one of the cluster's workers, whose
+    device the blocks will run on; otherwise on this process's device.
+
+    ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
+    """
+    check_channels(cfg.channels, geometry)  # before trials that would select them
+    step = block_step(downsampling, cfg.output_chunks, cfg.shards)
+    scale, offset = cfg.normalize.scale_offset(source.dtype)
+    problem = SizeProblem(
+        in_channels=source.num_channels or 1, raw_dtype=source.dtype, halo=halo, context=geometry.context,
+        input_extra=geometry.input_shape - (block + (halo + geometry.context) * 2), step=step,
+        base_block=base_block, roi=roi,
+        steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
+        fixed_block=fixed_block, fixed_batch=None if cfg.batch_size in ("auto", None) else cfg.batch_size,
+    )
+    key = model_key_of(cfg, model)
+    if cfg.scheduler is None:
+        choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
+                              known=known)
+    else:  # the trials belong on the workers' devices, which this machine may not have
+        from ..cluster.scheduler import run_on_a_worker
+
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
+        choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, predictor.precision,
+                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only)
+    logger.info("sizes: %s", choice)
+    return choice
+
+
+def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
+                            problem: SizeProblem, key: dict, quick_s: float | None,
+                            cached_only: bool) -> SizeChoice | None:
+    """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
+    from ..cluster.tasks import worker_device
+
+    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
+                          memory_format=memory_format)
+    return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only)
+
+
+def start_format(cfg: RunConfig) -> str:
+    """The layout the client's predictor (and the size trials) start in: auto and unnamed start contiguous."""
+    return "contiguous" if cfg.memory_format in ("auto", None) else cfg.memory_format
+
+
+def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
+                   repeats: int = FORMAT_REPEATS, cached_only: bool = False,
+                   known: dict | None = None, quick: bool = False) -> FormatChoice | None:
+    """The faster memory format, measured on this process's device, or with ``--scheduler`` on a worker's.
+
+    None when ``cached_only`` finds nothing cached.  ``quick``: see :func:`choose_memory_format`.
+    """
+    key = model_key_of(cfg, model)
+    if cfg.scheduler is None:
+        choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only,
+                                      known=known, quick=quick)
+    else:
+        from ..cluster.scheduler import run_on_a_worker
+
+        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
+        choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, predictor.precision,
+                                 batch_shape, key, repeats, cached_only, quick)
+        if choice is not None:
+            predictor.use_memory_format(choice.memory_format)
+    logger.info("memory format: %s", choice)
+    return choice
+
+
+def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch_shape: tuple[int, ...],
+                             key: dict, repeats: int, cached_only: bool, quick: bool = False) -> FormatChoice | None:
+    """:func:`choose_memory_format` on a dask worker's device (its cache, too, is the worker's)."""
+    from ..cluster.tasks import worker_device
+
+    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision)
+    return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only, quick=quick)
+
+
+def _valid_input_hint(model, output_shape: Coord, field: NetworkField | None = None) -> Coord | None:
+    """For a valid network, an input shape it accepts: the one that yields ``output_shape`` where its
+    context was found (:mod:`blockpred.models.field`), else where the network can tell (the built-in U-Net can)."""
+    if field is not None and any(field.grid.context):
+        return output_shape + field.grid.context * 2
+    shape_for = getattr(model.module, "valid_input_shape", None)
+    if model.padding != "valid" or shape_for is None:
+        return None
+    return Coord(shape_for(output_shape))
+
+
+def check_channels(channels: tuple[int, ...] | None, geometry: NetworkGeometry) -> tuple[int, ...] | None:
+    if channels is None:
+        return None
+    bad = [c for c in channels if not 0 <= c < geometry.out_channels]
+    if bad or not channels:
+        raise InvalidOptionError(
+            f"channels {list(channels)} must be indices into the network's {geometry.out_channels} output channels"
+        )
+    return channels

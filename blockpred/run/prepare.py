@@ -1,0 +1,414 @@
+"""Validate and plan a run, writing nothing; then create its output and markers.
+
+:func:`prepare` runs every check (options, paths, input, mask, model, the
+network's dry run, an earlier run's markers) and plans the block grid, the
+output layout and the batch, returning a :class:`Prepared` run.  Nothing is
+created at the output path until every check has passed: a bad option, a
+missing input, a model that does not fit the volume or an existing output
+(without ``overwrite``) raises a :class:`~blockpred.errors.BlockpredError`
+and leaves the disk as it was.  :func:`~blockpred.run.output.create_output` then writes the
+markers and the empty output (:mod:`blockpred.run.output`).  The block, halo,
+batch and memory format come from :func:`blockpred.run.choose.plan_layout`.
+``blockpred plan`` stops after :func:`prepare`; ``blockpred run`` goes on to
+:mod:`blockpred.run.runner`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable
+
+from ..cluster.jobqueue import job_settings
+from ..config import RunConfig, make_config
+from ..errors import InvalidOptionError, ModelLoadError, OutputExistsError
+from ..geometry import Box, Coord
+from ..io import (
+    VolumePath,
+    check_input_volume,
+    identity,
+    parse_volume_path,
+    volume_exists,
+)
+from ..models.bioimageio import is_package
+from ..models.planes import check_halo
+from ..pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
+from ..pipeline.blocking import BlockPlan, small_block_warning
+from ..pipeline.job import ModelSpec
+from ..pipeline.markers import DoneMarkers, as_json, describe_changes, markers_path
+from ..pipeline.padding import read_padded
+from ..tuning.defaults import Defaults
+from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
+from .choose import (
+    check_channels,
+    choose_format,
+    network_field_of,
+    plan_layout,
+    start_format,
+)
+from .layout import OutputLayout, block_step
+from .mask import Mask
+from .output import check_inodes, check_place_free
+from .prepared import Prepared
+
+logger = logging.getLogger(__name__)
+
+
+def default_output_path(source: VolumePath) -> VolumePath:
+    """A sibling dataset ``prediction`` inside a container, else a new container beside the input.
+
+    A precomputed input's dataset is its scale: its output is a new volume beside it (``em`` -> ``em.prediction``).
+    """
+    if source.dataset and source.format != "precomputed":
+        return source.sibling("prediction")
+    if source.format == "tiff":  # read-only: the output is a zarr beside the stack or the folder of slices
+        stem = source.container.name.split(".")[0] or source.container.name
+        return VolumePath("zarr", source.container.with_name(stem + ".prediction.zarr"), "")
+    suffix = source.container.suffix
+    return VolumePath(source.format, source.container.with_name(source.container.stem + ".prediction" + suffix), "")
+
+
+def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool = False,
+                      mask: VolumePath | None = None) -> None:
+    """Refuse an output that is, holds or lies inside the input (or the mask), whatever names reach them.
+
+    Places are compared on disk (:mod:`blockpred.io.identity`): a symbolic link,
+    a symlinked parent directory, a hard link to an HDF5 file or a bind mount
+    is the place it reaches.  The output's markers must not touch the input
+    either, and ``overwrite`` never deletes through a symbolic link.
+    """
+    if target.format == "tiff":
+        raise InvalidOptionError(f"cannot write {str(target)!r}: TIFF inputs are read-only; write the output to a "
+                                 f".zarr, .n5 or .h5 path")
+    if target.format == "hdf5" and not target.dataset:
+        raise InvalidOptionError(f"HDF5 output {str(target)!r} names no dataset; use for example {target}prediction")
+    for role, protected in (("input", source), ("mask", mask)):
+        if protected is not None:
+            _check_apart(protected, target, role)
+    markers = markers_path(target)
+    for role, protected in (("input", source), ("mask", mask)):
+        if protected is not None and identity.overlap(identity.data_node(protected), markers):
+            raise InvalidOptionError(
+                f"the markers of output {str(target)!r} would be written at {markers}, which is or holds the "
+                f"{role} {str(protected)!r}; choose another output"
+            )
+    if overwrite:
+        link = identity.link_in_the_way(identity.data_node(target))
+        if link is not None:
+            raise InvalidOptionError(
+                f"output {str(target)!r} is a symbolic link to {os.path.realpath(link)}; --overwrite does not delete "
+                f"through links: name the real path, or remove the link"
+            )
+
+
+def _check_apart(source: VolumePath, target: VolumePath, role: str) -> None:
+    """The output neither is, nor holds, nor lies inside ``source`` (one HDF5 file may hold both, apart).
+
+    Datasets of one HDF5 file, or scales of one precomputed volume, are told apart by name; anything else by
+    the place on disk its data is in.
+    """
+    if (source.format == target.format and source.format in ("hdf5", "precomputed")
+            and identity.same_file(source.container, target.container)):  # datasets (scales) inside one file
+        inside = not source.dataset or target.dataset == source.dataset or target.dataset.startswith(
+            source.dataset + "/")
+        holds = not inside and (not target.dataset or source.dataset.startswith(target.dataset + "/"))
+    else:
+        source_node, target_node = identity.data_node(source), identity.data_node(target)
+        inside = identity.within(target_node, source_node)
+        holds = not inside and identity.within(source_node, target_node)
+    through = _through_links(source, target)
+    if inside:
+        sibling = str(source.sibling("prediction")) if source.dataset else "another container"
+        raise InvalidOptionError(
+            f"output {str(target)!r} is inside the {role} array {str(source)!r}{through}; write to a sibling dataset "
+            f"(such as {sibling})"
+        )
+    if holds:
+        raise InvalidOptionError(
+            f"output {str(target)!r} contains the {role} {str(source)!r}{through}; choose a sibling dataset or "
+            f"another container"
+        )
+
+
+def _through_links(source: VolumePath, target: VolumePath) -> str:
+    """' (both are /real/g.zarr)' when the two names differ but reach one container; else ''."""
+    if source.is_remote or target.is_remote or source.container == target.container:
+        return ""
+    real = identity.resolved(source.container)
+    if identity.same_file(source.container, target.container):
+        return f" (both names reach {real})"
+    return f" (reached through links or mounts: {real})"
+
+
+def default_io_threads(cfg: RunConfig) -> int:
+    """Reader (and writer) threads per worker: half the CPU cores each worker has, from 2 to 8.
+
+    Decompression and compression release the GIL, so these threads run in
+    parallel; the bench's stage times show when they limit.
+    """
+    workers = 1 if cfg.local else (cfg.workers or _local_gpus() or 1)
+    return max(2, min(8, (os.cpu_count() or 2) // workers // 2))
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, VolumePath, VolumePath]:
+    """The options as a config, and the input and output paths, checked against each other.
+
+    With one device and neither ``workers`` nor ``scheduler``, the run is
+    ``local``: a dask cluster of one worker would add its start-up, a second
+    model load and (on a GPU) a second CUDA context, and give nothing back
+    (issue 9 measured one H100 at 0.83 of model-only speed in this process,
+    0.34 through one dask worker).  ``workers=1`` still runs through dask.
+    """
+    cfg = make_config(config, **options)
+    job_settings(cfg, 1)  # batch-job options only with --cluster, and --cluster with no other cluster
+    if not cfg.local and cfg.workers is None and cfg.scheduler is None and cfg.cluster is None:
+        from ..cluster.local import local_worker_envs
+
+        if len(local_worker_envs(cfg.device, None)) == 1:
+            cfg = cfg.replace(local=True)
+    source_path = parse_volume_path(input, cfg.storage_options)
+    target_path = (parse_volume_path(output, cfg.storage_options) if output is not None
+                   else default_output_path(source_path))
+    check_output_path(source_path, target_path, overwrite=cfg.overwrite,
+                      mask=parse_volume_path(cfg.mask, cfg.storage_options) if cfg.mask is not None else None)
+    if target_path.format == "n5" and cfg.output_dtype.name == "float16":
+        raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
+    if target_path.format == "precomputed":  # one scale, a data type precomputed has
+        from ..io.precomputed import check_output
+
+        check_output(target_path, cfg.output_dtype)
+    return cfg, source_path, target_path
+
+
+def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
+            on_paths_checked: Callable[[DoneMarkers | None], None] | None = None, measure: bool = True) -> Prepared:
+    """Every check and the plan; writes nothing (see :func:`create_output`).
+
+    ``measure=False`` (``blockpred plan``) leaves ``memory_format="auto"`` and
+    the measured defaults unmeasured (what is cached is used): the run
+    measures them.
+
+    ``on_paths_checked(previous)`` is called once the input, the output path,
+    the ROI and the worker options have passed, before the model is loaded
+    (the runner starts its dask cluster there, so both go on at once);
+    ``previous`` are the markers a resume would continue, else None.
+    """
+    check_input_volume(source)
+    exists = volume_exists(target_path)
+    previous = DoneMarkers.open(markers_path(target_path)) if exists else None
+    if exists and not cfg.overwrite and previous is None:
+        raise OutputExistsError(f"output {str(target_path)!r} exists; pass --overwrite to replace it, or choose another path")
+    if not exists:
+        check_place_free(target_path)
+    roi = cfg.roi if cfg.roi is not None else source.box
+    if roi.empty or not source.box.contains(roi):
+        raise InvalidOptionError(f"ROI {roi} must be a non-empty box inside the volume {source.box}")
+    if cfg.local and (cfg.workers or cfg.scheduler):
+        raise InvalidOptionError("--local runs in this process; it cannot be combined with --workers or --scheduler")
+    if cfg.pyramid:
+        _check_pyramid(cfg, source, target_path)
+    if cfg.missing_chunks == "error" and not source.counts_missing_chunks:
+        raise InvalidOptionError(
+            f"--missing-chunks error needs an input whose missing chunks can be told (zarr, N5 or unsharded "
+            f"precomputed read through tensorstore), but {source_path} reads them as the fill value unseen; "
+            f"drop --missing-chunks error"
+        )
+
+    if not cfg.local and cfg.scheduler is None and target_path.format == "hdf5":
+        from ..cluster.local import check_hdf5_writers, local_worker_envs
+
+        check_hdf5_writers(target_path, cfg.jobs or 1 if cfg.cluster is not None
+                           else len(local_worker_envs(cfg.device, cfg.workers)))
+    if on_paths_checked is not None:
+        on_paths_checked(previous if previous is not None and not cfg.overwrite else None)
+    mask = (Mask.open(parse_volume_path(cfg.mask, cfg.storage_options), source.spatial_shape)
+            if cfg.mask is not None else None)
+    device = _client_device(cfg)
+    if is_package(cfg.model):  # bioimage.io: normalisation none, the volume's statistics for every worker
+        from .package_stats import configure_run
+
+        cfg = configure_run(cfg, source, previous if not cfg.overwrite else None, source_path, plan_only=not measure)
+    spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
+    model = spec.load()
+    in_channels = source.num_channels or 1
+    if model.in_channels is not None and model.in_channels != in_channels:
+        raise ModelLoadError(
+            f"network {model.name!r} takes {model.in_channels} input channel(s) but {source_path} has {in_channels}"
+        )
+    if model.plane is not None and cfg.halo is not None:
+        check_halo(cfg.halo, model.plane, model.name)
+    if cfg.memory_format == "auto" and cfg.compile != "off":
+        raise InvalidOptionError("--memory-format auto measures both layouts uncompiled; with --compile name the "
+                                 "layout: --memory-format contiguous or channels_last")
+    from ..models.tta import with_tta
+
+    module = with_tta(model.module, cfg.tta)
+    jobs = job_settings(cfg, 1)
+    precision, precision_note = _start_precision(cfg, device, jobs)
+    predictor = Predictor(module, device, precision, compile=cfg.compile, memory_format=start_format(cfg))
+    auto = cfg.precision == AUTO
+
+    def check_precision_on_first_block(geometry, halo: Coord) -> None:
+        """``--precision auto`` at a low precision: the start block at the ROI's first corner, at it and at fp32."""
+        nonlocal precision_note
+        box = Box.from_shape(geometry.input_shape, roi.begin - halo - geometry.context)
+        sample = read_padded(source, box, cfg.pad_mode, cfg.pad_value)
+        scale, offset = cfg.normalize.scale_offset(source.dtype)
+        check = check_precision(predictor, module, sample if source.num_channels else sample[None],
+                                DeviceSteps(scale=scale, offset=offset))
+        if not check.passed:
+            logger.warning("%s", check.warning())
+            predictor.use_precision(check.precision)
+        precision_note = str(check)
+
+    resume_block = resume_halo = None
+    if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
+        resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
+    if previous is not None and not cfg.overwrite and cfg.halo is None and previous.fingerprint.get("halo"):
+        resume_halo = Coord(previous.fingerprint["halo"])  # ... and the halo
+    # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
+    finished = previous.finished() if previous is not None and not cfg.overwrite else None
+    resumed_run = previous is not None and not cfg.overwrite  # its halo was said when it started
+    todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
+    if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
+        measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
+    checked = auto and precision in ("fp16", "bf16")  # auto's low precision: compared with fp32 first
+    field = network_field_of(cfg, model, in_channels)
+    layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
+                         todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None,
+                         field=field, resume_halo=resume_halo)
+    cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
+    plan, geometry, output = layout.plan, layout.geometry, layout.output
+    step = block_step(layout.downsampling, cfg.output_chunks, cfg.shards)
+    warnings = [layout.halo.warning() if layout.halo is not None and not resumed_run else "",
+                small_block_warning(plan, step),
+                _slow_precision_warning(cfg.precision, device), _long_run_warning(layout.defaults, device)]
+    for warning in filter(None, warnings):
+        logger.warning("%s", warning)
+    channels = check_channels(cfg.channels, geometry)
+    settings = PipelineSettings(
+        batch_size=layout.batch_size, num_readers=cfg.num_readers or default_io_threads(cfg),
+        num_writers=cfg.num_writers or default_io_threads(cfg),
+        prefetch=cfg.prefetch, pad_mode=cfg.pad_mode, pad_value=cfg.pad_value,
+        normalization=cfg.normalize, output_dtype=cfg.output_dtype, channels=channels,
+        downsampling=layout.downsampling,
+        missing_chunks=cfg.missing_chunks,
+        planes_along=getattr(model.module, "planes_along", None),  # a 2D package's per-plane statistics
+    )
+    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
+    resumed = previous is not None and not cfg.overwrite
+    if resumed:
+        changes = describe_changes(previous.fingerprint, fingerprint)
+        if changes:
+            started_at = previous.fingerprint.get("precision", cfg.precision)
+            resume_at = (f"--precision {started_at} goes on at the precision it was started with, "
+                         if auto and started_at != cfg.precision else "")
+            raise OutputExistsError(
+                f"output {str(target_path)!r} was made with other settings ({'; '.join(changes)}); "
+                f"{resume_at}pass --overwrite to start again, or choose another output"
+            )
+    masked = ~mask.coverage(plan) if mask is not None and not resumed else None
+    check_inodes(target_path, plan, layout.output, finished if resumed else masked)
+    format_choice = layout.format_choice
+    if format_choice is None and measure and (cfg.memory_format == "auto" or (
+            cfg.memory_format is None and cfg.compile == "off" and layout.defaults is None)):
+        # Asked for, or left to blockpred in a run that asked for size trials (--block/--batch-size auto).
+        format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape))
+    return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
+                    resumed, previous, masked, format_choice, precision_note)
+
+
+def _start_precision(cfg: RunConfig, device, jobs) -> tuple[str, str]:
+    """The precision the predictor starts at, and what the summary says of ``auto`` before any check.
+
+    ``auto`` on a machine without CUDA whose blocks run on GPUs (jobs with GPUs, or a cluster joined with
+    ``--device cuda``): the first block cannot be compared here, so tf32, which needs no check.
+    """
+    if cfg.precision != AUTO:
+        return cfg.precision, ""
+    gpu_workers = (jobs is not None and jobs.gpus_per_job) or (
+        str(cfg.device).startswith("cuda") and (cfg.scheduler is not None or cfg.cluster is not None))
+    if device.type == "cpu" and gpu_workers:
+        return FALLBACK, (f"{FALLBACK} (auto: this machine has no CUDA device to compare bf16 with fp32 on; "
+                          f"--precision bf16 runs bf16 unchecked)")
+    return auto_precision(device), ""
+
+
+#: A run estimated longer than this (seconds) says so before it starts.
+LONG_RUN_S = 600.0
+
+
+def _slow_precision_warning(precision: str, device) -> str:
+    """fp16 and bf16 pay on GPUs; on a CPU autocast ran bf16 18x slower than fp32 (2 cores, issue 25)."""
+    if device.type == "cpu" and precision in ("fp16", "bf16"):
+        return (f"--precision {precision} on the CPU is usually several times slower than fp32 (autocast on a "
+                f"CPU); use --precision fp32 unless you need {precision}'s numbers")
+    return ""
+
+
+def _long_run_warning(defaults: Defaults | None, device) -> str:
+    """A run of hours says so at its start (a 3D U-Net on a CPU), not only in its progress bar."""
+    if defaults is None or defaults.estimated_run_s < LONG_RUN_S:
+        return ""
+    hours = defaults.estimated_run_s / 3600
+    length = f"{hours:.1f} h" if hours >= 1 else f"{defaults.estimated_run_s / 60:.0f} min"
+    hint = "; a GPU (--device cuda) is far faster" if device.type == "cpu" else ""
+    return f"this run is estimated at {length} on {device} (blocks x one pass at the start block){hint}"
+
+
+def _check_pyramid(cfg: RunConfig, source, target_path: VolumePath) -> None:
+    """A pyramid is an OME-NGFF multiscale image: a zarr output, and levels the volume's shape allows."""
+    from .pyramid import max_levels
+
+    if target_path.format != "zarr":
+        raise InvalidOptionError(
+            f"--pyramid writes an OME-NGFF multiscale image, which needs a zarr output; {str(target_path)!r} is "
+            f"{target_path.format}: write to a .zarr path or drop --pyramid"
+        )
+    limit = max_levels(source.spatial_shape)
+    if cfg.pyramid > limit:
+        raise InvalidOptionError(
+            f"--pyramid {cfg.pyramid} needs more levels than a volume of shape {tuple(source.spatial_shape)} has "
+            f"(at most {limit}: each level halves an axis until every axis is one voxel); use --pyramid {limit} or less"
+        )
+
+
+def _client_device(cfg: RunConfig):
+    """Where this process runs the dry run (and, with ``local``, the blocks).
+
+    Joining a cluster, or submitting its jobs, this process need not have the workers' GPUs: without
+    CUDA here, the dry run runs on the CPU and each worker checks its own device.
+    """
+    import torch
+
+    joining = cfg.scheduler is not None or cfg.cluster is not None
+    if joining and str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
+        return resolve_device("cpu")
+    return resolve_device(cfg.device)
+
+
+def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, output: OutputLayout,
+                 channels, mask: Mask | None) -> dict:
+    """Everything that decides the output's values and layout (see :mod:`blockpred.pipeline.markers`)."""
+    return {
+        "input": identity.real_name(source_path), "input_shape": source.shape, "input_dtype": str(source.dtype),
+        "model": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
+        "model_weights": model.weights_sha256, "model_kwargs": dict(cfg.model_kwargs),
+        "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
+        "network_input": plan.input_shape, "context": plan.context,
+        "normalize": str(cfg.normalize), "pad_mode": cfg.pad_mode, "pad_value": cfg.pad_value,
+        "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": output.chunks,
+        "output_shards": output.shards,
+        "channels": channels, "skip_empty": cfg.skip_empty,
+        "mask": None if mask is None else [identity.real_name(mask.path), mask.mask_shape],
+        **({"tta": cfg.tta} if cfg.tta != "off" else {}),  # absent when off: outputs of older runs still resume
+        **({"plane": model.plane} if model.plane is not None else {}),
+    }
+
+

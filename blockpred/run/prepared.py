@@ -1,0 +1,60 @@
+"""A run checked and planned, with nothing written yet: :class:`Prepared`, what :func:`blockpred.run.prepare.prepare`
+returns, ``blockpred plan`` reports and :func:`blockpred.run.output.create_output` creates the output from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import RunConfig
+from ..io import VolumePath
+from ..pipeline import PipelineSettings, Predictor
+from ..pipeline.job import ModelSpec
+from ..pipeline.markers import DoneMarkers
+from ..tuning.defaults import Defaults
+from ..tuning.memformat import FormatChoice
+from .choose import Layout
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run checked and planned, with nothing written yet (what ``blockpred plan`` reports)."""
+
+    cfg: RunConfig
+    source_path: VolumePath
+    target_path: VolumePath
+    model: Any  # LoadedModel
+    spec: ModelSpec
+    predictor: Predictor
+    layout: Layout
+    channels: tuple[int, ...] | None
+    settings: PipelineSettings
+    fingerprint: dict
+    #: True when the output holds markers of the same settings: its finished blocks are kept.
+    resumed: bool
+    previous: DoneMarkers | None
+    #: For a new run with a mask: the boolean grid of the blocks it leaves out.
+    masked: np.ndarray | None = None
+    #: What ``memory_format="auto"`` (or the measured default) chose (None when a layout was named).
+    format_choice: FormatChoice | None = None
+    #: What ``precision="auto"`` chose and why (the first block's check), "" when a precision was named or
+    #: auto meant fp32 on the CPU.
+    precision_note: str = ""
+
+    @property
+    def memory_format(self) -> str:
+        if self.format_choice is not None:
+            return self.format_choice.memory_format
+        return self.cfg.memory_format or "contiguous"
+
+    @property
+    def defaults(self) -> Defaults | None:
+        """What the run chose for the block, batch and memory format it was not given (see
+        :mod:`blockpred.tuning.defaults`)."""
+        return self.layout.defaults
+
+    @property
+    def out_channels(self) -> int:
+        return len(self.channels) if self.channels is not None else self.layout.geometry.out_channels

@@ -1,0 +1,102 @@
+"""``--memory-format auto``: the activation layout that runs this network fastest on this device, measured once.
+
+``channels_last_3d`` halves the time of one 3D U-Net and does nothing for
+another (issue 5 measured no gain on ``tiny``; a user's 12-feature U-Net ran
+2.1x faster on two CPU cores), so it is measured, not guessed: one warm-up
+and :data:`REPEATS` timed passes of the run's batch at the run's network input
+shape in each layout (the caller passes a batch of one block: the layouts
+compare the same at any batch, and one block fits where the run's batch may
+not; a layout that runs out of memory even so loses).  The faster wins when it
+is at least :data:`MIN_GAIN` faster, else ``contiguous``, the layout every
+network supports.  The choice is
+cached per model, weights, device, precision and shape in ``formats.json`` of
+the cache directory (:mod:`blockpred.cache`), so only the first run pays.
+Both layouts compute the same values (to float rounding): the choice is not
+part of a run's fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from ..cache import JsonFile, default_cache_dir
+from ..config import MEMORY_FORMATS
+from ..pipeline import Predictor, is_out_of_memory
+from .sizecache import device_key
+from .sizing import quick_trial_passes
+
+REPEATS = 2
+MIN_GAIN = 0.05
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    memory_format: str
+    #: Seconds per pass, per layout.
+    seconds: dict
+    cached: bool = False
+
+    def __str__(self) -> str:
+        times = ", ".join(f"{name} {s:.3f} s" if s is not None else f"{name} out of memory"
+                          for name, s in self.seconds.items())
+        return f"{self.memory_format} (per pass: {times}; {'cached' if self.cached else 'measured'})"
+
+
+def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], model_key: dict,
+                         cache: JsonFile | None = None, repeats: int = REPEATS, cached_only: bool = False,
+                         known: Mapping[str, float] | None = None, quick: bool = False) -> FormatChoice | None:
+    """The faster layout for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
+
+    ``repeats``: timed passes per layout after a warm-up.  ``quick`` (the measured defaults): the passes
+    of a quick size trial instead (:func:`blockpred.tuning.sizing.quick_trial_passes`: on a CPU one pass, cold).
+    ``cached_only``: None instead of a measurement when nothing is cached.
+    ``known``: seconds per (warm) pass already measured for some layouts at this shape: not measured again.
+    """
+    cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
+    key = json.dumps({"model": model_key, "device": device_key(predictor), "precision": predictor.precision,
+                      "compile": predictor.compile, "shape": list(batch_shape)}, sort_keys=True, default=str)
+    entry = cache.read().get(key)
+    if isinstance(entry, dict) and entry.get("memory_format") in MEMORY_FORMATS:
+        choice = FormatChoice(entry["memory_format"], dict(entry.get("seconds", {})), cached=True)
+    elif cached_only:
+        return None
+    else:
+        known = dict(known or {})
+        warmups, repeats = (quick_trial_passes(predictor.device.type) - 1, 1) if quick else (1, repeats)
+        seconds = {name: known[name] if name in known
+                   else _seconds_per_pass(predictor, name, batch_shape, warmups, repeats)
+                   for name in MEMORY_FORMATS}
+        fastest = min(seconds, key=seconds.get)
+        winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds["contiguous"] else "contiguous"
+        seconds = {name: (s if math.isfinite(s) else None) for name, s in seconds.items()}  # JSON: no inf
+        choice = FormatChoice(winner, seconds)
+        entries = cache.read()
+        entries[key] = {"memory_format": winner, "seconds": seconds}
+        cache.write(entries, "the memory format choice")
+    predictor.use_memory_format(choice.memory_format)
+    return choice
+
+
+def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...], warmups: int,
+                      repeats: int) -> float:
+    """Seconds per pass in ``memory_format``; infinite when the batch does not fit the device in it."""
+    predictor.use_memory_format(memory_format)
+    batch = np.random.default_rng(0).random(batch_shape, dtype=np.float32)  # kernels may run faster on zeros
+    try:
+        for _ in range(warmups):  # kernels chosen, memory allocated
+            predictor(batch)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            predictor(batch)
+    except Exception as err:  # noqa: BLE001 - out of memory is an outcome; anything else is the network's error
+        if not is_out_of_memory(err):
+            raise
+        predictor.release_memory()
+        return math.inf
+    return (time.perf_counter() - start) / repeats

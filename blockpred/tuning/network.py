@@ -1,0 +1,98 @@
+"""Finding a network's geometry by dry runs, never by assumption.
+
+:func:`probe_network` runs the network once on zeros of the block's input
+shape and reads off the output: channels, and the context a valid-convolution
+network consumes (``(input - output) / 2`` per axis).  For such a network it
+then checks the input shape that yields exactly ``block + 2 x halo``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidOptionError, ModelLoadError
+from ..geometry import Coord
+from ..errors import is_out_of_memory
+from ..pipeline.infer import Predictor
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkGeometry:
+    in_channels: int
+    out_channels: int
+    input_shape: Coord  # spatial input of one block
+    output_shape: Coord  # spatial output for that input
+    context: Coord  # voxels a valid network consumes on each side (0 for 'same')
+
+
+def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | None = None) -> tuple[int, Coord]:
+    try:
+        out = predictor.output_shape((1, in_channels) + tuple(shape))
+    except Exception as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if is_out_of_memory(err):
+            raise InvalidOptionError(
+                f"the network ran out of device memory on one block (input {'x'.join(map(str, shape))}): "
+                f"use a smaller --block, or --block auto to find the largest that fits"
+            ) from err
+        if sizes is not None:
+            raise InvalidOptionError(
+                f"the network does not take an input of {'x'.join(map(str, shape))} ({first_line}); it takes "
+                f"sizes {sizes}: choose --block (and --halo) so that block + 2 x halo is one of them"
+            ) from err
+        raise ModelLoadError(
+            f"the network failed on an input of shape (1, {in_channels}, {', '.join(map(str, shape))}): {first_line}; "
+            f"check that it takes {in_channels} input channel(s) and suits the block and halo"
+        ) from err
+    if len(out) != 5:
+        raise ModelLoadError(
+            f"the network returned shape {out} for a 5D input; blockpred needs (batch, channels, z, y, x)"
+        )
+    return out[1], Coord(out[2:])
+
+
+def probe_network(
+    predictor: Predictor,
+    *,
+    in_channels: int,
+    block: Coord,
+    halo: Coord,
+    downsampling: Coord,
+    first_input: Coord | None = None,
+    sizes: str | None = None,
+) -> NetworkGeometry:
+    """The geometry of the network on this block and halo (see the module docstring).
+
+    ``first_input`` is the shape of the first dry run; by default ``block + 2 x
+    halo`` rounded up to the downsampling, which a 'same' network accepts.  A
+    valid network that can say which input shapes it takes passes one here.
+    ``sizes``: the input sizes the network was found to take (:meth:`~blockpred.models.discover.Grid.sizes_taken`),
+    named in the one line a refused input gets.
+    """
+    if first_input is None:
+        first_input = (block + halo * 2).ceil_div(downsampling) * downsampling
+    out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes)
+    shrink = first_input - first_output
+    if any(s < 0 or s % 2 for s in shrink):
+        raise ModelLoadError(
+            f"the network maps an input of {tuple(first_input)} to {tuple(first_output)}; blockpred needs an output "
+            f"equal to the input or smaller by an even number of voxels per axis"
+        )
+    context = shrink // 2
+    if context == Coord((0, 0, 0)):
+        return NetworkGeometry(in_channels, out_channels, first_input, first_output, context)
+    valid_input = block + (halo + context) * 2
+    wanted = block + halo * 2
+    try:
+        _, valid_output = _dry_run(predictor, in_channels, valid_input)
+    except ModelLoadError as err:
+        raise InvalidOptionError(
+            f"block {tuple(block)} with halo {tuple(halo)} needs a network input of {tuple(valid_input)}, "
+            f"which this valid-convolution network does not accept; try another block size"
+        ) from err
+    if valid_output != wanted:
+        raise InvalidOptionError(
+            f"block {tuple(block)} with halo {tuple(halo)}: this valid-convolution network maps {tuple(valid_input)} "
+            f"to {tuple(valid_output)}, not {tuple(wanted)}; try another block size"
+        )
+    return NetworkGeometry(in_channels, out_channels, valid_input, valid_output, context)

@@ -1,0 +1,120 @@
+"""The size trials cached per model, device, precision and constraints: :class:`SizeCache`.
+
+Only the first run on a machine pays for the trials of :mod:`blockpred.tuning.autosize`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..cache import JsonFile, default_cache_dir
+from ..geometry import Coord
+from ..pipeline import Predictor
+from .sizing import SizeProblem, Trial
+
+#: Bumped when the cached entries change meaning.
+CACHE_VERSION = 1
+
+
+class CachedSizes(NamedTuple):
+    """One cached search: its trials, whether it was complete (not cut short), and how many runs measured it."""
+
+    trials: list[Trial]
+    complete: bool
+    checks: int
+
+
+class SizeCache:
+    """Trials by key in one JSON file: ``$BLOCKPRED_CACHE_DIR``, ``$XDG_CACHE_HOME/blockpred`` or ``~/.cache/blockpred``.
+
+    The region is not part of the key: the trials of one search serve any
+    region whose blocks they cover (each region then picks its own winner),
+    unless the earlier region capped the search.
+    """
+
+    def __init__(self, path: Path | None = None):
+        self.path = path if path is not None else default_cache_dir() / "sizes.json"
+        self._file = JsonFile(self.path)
+
+    def _entries(self) -> dict:
+        return self._file.read()
+
+    def get(self, key: dict, problem: SizeProblem) -> list[Trial] | None:
+        """The cached trials that serve ``problem`` (see :meth:`get_entry`)."""
+        found = self.get_entry(key, problem)
+        return None if found is None else found.trials
+
+    def get_entry(self, key: dict, problem: SizeProblem) -> CachedSizes | None:
+        """The cached search that serves ``problem``."""
+        for entry in self._entries().get(_digest(key), []):
+            try:
+                trials = [Trial(Coord(t["block"]), int(t["batch_size"]), str(t["outcome"]),
+                                float(t["mvox_per_s"]), float(t["seconds_per_pass"])) for t in entry["trials"]]
+                same_cap = Coord(entry["max_block"]) == problem.max_block
+                covered = not entry["capped"] and all(t.block.minimum(problem.max_block) == t.block for t in trials)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if (same_cap or covered) and any(t.fits for t in trials):
+                return CachedSizes(trials, bool(entry.get("complete", True)), int(entry.get("checks", 1)))
+        return None
+
+    def put(self, key: dict, problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...],
+            complete: bool = True, checks: int = 1) -> None:
+        """Cache a search's ``trials``; ``checks``: how many runs have measured them (see :func:`autosize.recheck`)."""
+        entries = self._entries()
+        capped = any(b == m for t in trials for b, m in zip(t.block, problem.max_block))
+        entry = {"max_block": list(problem.max_block), "capped": capped, "key": key, "complete": complete,
+                 "checks": checks, "trials": [_trial_json(t) for t in trials]}
+        entries[_digest(key)] = [entry] + [e for e in entries.get(_digest(key), [])
+                                           if e.get("max_block") != entry["max_block"]][:7]
+        self._file.write(entries, "the block size trials")
+
+
+def device_key(predictor: Predictor) -> dict:
+    """The device as the cache tells devices apart: its name and memory (not its index), and the kernels' versions."""
+    import torch
+
+    cuda = predictor.device.type == "cuda"
+    versions = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if cuda else None}
+    if cuda:
+        props = torch.cuda.get_device_properties(predictor.device)
+        return {"type": "cuda", "name": props.name, "memory": props.total_memory, **versions}
+    return {"type": "cpu", "threads": torch.get_num_threads(), **versions}
+
+
+def cache_key(model_key: dict, predictor: Predictor, problem: SizeProblem, budget_bytes: int | None,
+              quick: bool) -> dict:
+    """What tells cached trials apart: model, device, precision, compile, layout, budget, problem, search."""
+    key = {"version": CACHE_VERSION, "model": model_key, "device": device_key(predictor),
+           "precision": predictor.precision, "compile": predictor.compile, "memory_format": predictor.memory_format,
+           "budget_bytes": budget_bytes, "problem": _problem_json(problem)}
+    if quick:
+        key["search"] = "quick"
+    return key
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _problem_json(problem: SizeProblem) -> dict:
+    out: dict[str, Any] = {}
+    for name, value in asdict(problem).items():
+        if name == "roi":
+            continue  # not part of the key: see SizeCache
+        if name == "steps":
+            value = {"scale": problem.steps.scale, "offset": problem.steps.offset,
+                     "channels": problem.steps.channels, "output_dtype": np.dtype(problem.steps.output_dtype).name}
+        out[name] = value if not isinstance(value, (np.dtype, type)) else np.dtype(value).name
+    return json.loads(json.dumps(out, default=str))
+
+
+def _trial_json(trial: Trial) -> dict:
+    return {"block": list(trial.block), "batch_size": trial.batch_size, "outcome": trial.outcome,
+            "mvox_per_s": trial.mvox_per_s, "seconds_per_pass": trial.seconds_per_pass, "peak_bytes": trial.peak_bytes}

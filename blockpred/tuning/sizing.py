@@ -1,0 +1,154 @@
+"""The sizes a run's trials are about: :class:`SizeProblem` (the network's geometry and the run's constraints),
+:class:`Trial` (one timed pass) and :class:`SizeChoice` (what the search chose); see :mod:`blockpred.tuning.autosize`."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..geometry import Box, Coord
+from ..pipeline import DeviceSteps
+from ..pipeline.blocking import blocks_per_axis
+
+#: The outcome of a trial the network refused (the rest of the outcome says why).
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Trial:
+    block: Coord
+    batch_size: int
+    #: "ok", "out of memory", "over budget" or "failed: <why>" (a shape the network refused).
+    outcome: str
+    mvox_per_s: float = 0.0
+    seconds_per_pass: float = 0.0
+    peak_bytes: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.outcome == "ok"
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome.startswith(FAILED)
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    block: Coord
+    batch_size: int
+    mvox_per_s: float
+    trials: tuple[Trial, ...] = ()
+    cached: bool = False
+    #: The block was not timed: its pass is the largest timed one's scaled by input voxels (see :func:`pick`).
+    estimated: bool = False
+    #: False when the search's time ended before it did: a later run may go on where it stopped.
+    complete: bool = True
+
+    def __str__(self) -> str:
+        how = "cached trials" if self.cached else "trials"
+        what = "estimated from the largest" if self.estimated else "fastest"
+        return (f"block {'x'.join(map(str, self.block))}, batch {self.batch_size}: {what} of "
+                f"{sum(t.fits for t in self.trials)} that fit ({how}), {self.mvox_per_s:.2f} Mvox/s over the region")
+
+
+@dataclass(frozen=True)
+class SizeProblem:
+    """What the trials need to know: the network's geometry and the run's constraints."""
+
+    in_channels: int
+    raw_dtype: np.dtype
+    halo: Coord
+    context: Coord
+    #: Network input minus (block + 2 x (halo + context)) of any block that is a multiple of ``step``.
+    input_extra: Coord
+    #: Blocks are multiples of this (downsampling, and output chunks when given).
+    step: Coord
+    #: Where the search starts: the model's default block (or the one given).
+    base_block: Coord
+    #: The region to predict: blocks are scored by how fast they would tile it.
+    roi: Box
+    steps: DeviceSteps = DeviceSteps()
+    fixed_block: Coord | None = None
+    fixed_batch: int | None = None
+    max_batch: int = 64
+
+    @property
+    def max_block(self) -> Coord:
+        """No block need be larger than the region to predict, rounded up to the step."""
+        return self.roi.shape.ceil_div(self.step) * self.step
+
+    def roi_mvox_per_s(self, trial: "Trial") -> float:
+        """Mvox/s over the region: its voxels per second of the passes that tile it with ``trial``'s block."""
+        passes = -(-self.blocks_over_region(trial.block).prod() // trial.batch_size)
+        return self.roi.size / (passes * trial.seconds_per_pass) / 1e6
+
+    def input_shape(self, block: Coord) -> Coord:
+        return block + (self.halo + self.context) * 2 + self.input_extra
+
+    def computed_voxels(self, block: Coord) -> int:
+        """Input voxels the network computes to tile the region with ``block``: halo and overhang included."""
+        return self.blocks_over_region(block).prod() * self.input_shape(block).prod()
+
+    def candidates(self, coarse: bool = False) -> list[Coord]:
+        """Blocks from smallest to largest, each a multiple of the step, none above ``max_block``.
+
+        ``coarse`` (the measured defaults): from the base block up, twice as long per axis each
+        step (eight times the voxels), so a few trials reach blocks that cover the region.
+        Each candidate is :meth:`balanced` over the region.
+        """
+        if self.fixed_block is not None:
+            return [self.fixed_block]
+        seen: list[Coord] = []
+        for k in (range(0, 19, 3) if coarse else range(-9, 19)):
+            factor = 2 ** (k / 3)
+            block = self.balanced(Coord(min(math.ceil(b * factor / s) * s, m)
+                                        for b, s, m in zip(self.base_block, self.step, self.max_block)))
+            if block not in seen:
+                seen.append(block)
+        return sorted(seen, key=lambda b: (b.prod(), tuple(b)))
+
+    def blocks_over_region(self, block: Coord) -> Coord:
+        """Blocks per axis that cover the region (the grid starts at the volume's origin)."""
+        return blocks_per_axis(self.roi, block)
+
+    def balanced(self, block: Coord) -> Coord:
+        """The smallest block (on the step) that covers the region in as many blocks per axis as ``block``.
+
+        128 on an axis of 704 needs 6 blocks and computes 768; 120 needs 6 too and computes 720.  Same
+        count, same halo per block, less to compute: never slower, and it fits wherever ``block`` fits.
+        """
+        count = self.blocks_over_region(block)
+        fitted = self.roi.end.ceil_div(count).ceil_div(self.step) * self.step
+        fitted = fitted.minimum(block)
+        return fitted if self.blocks_over_region(fitted) == count else block
+
+
+def quick_trial_passes(device_type: str) -> int:
+    """Passes a quick trial (:func:`blockpred.tuning.autosize.trial_runner` with ``quick``) runs on a device of this type.
+
+    A GPU: a warm-up pass (cuDNN chooses its kernels; the first pass of a shape
+    is many times slower) and a timed one.  A CPU: one pass, timed cold.  A cold
+    pass faults in the memory a larger block needs (with :mod:`blockpred.pipeline.hostmem`
+    ``tiny``'s 84x276x276 pass took 1.49 s cold, 0.90-0.97 s warm), so its time
+    is an upper bound of the run's warm passes: a block whose cold pass beats
+    the warm start block is faster, and one that loses is at worst kept out.
+    The search is cautious where it errs, and costs half: on two cores the
+    measured defaults' budget for ``tiny`` on 4 Mvox (0.65 s) afforded no
+    two-pass trial of 64x128x128 (2 x 0.31 s, after the start block's pass),
+    which runs the volume 1.6x as fast as 64^3 in channels_last.
+    """
+    return 2 if device_type == "cuda" else 1
+
+
+def probe_block(base_block: Coord, step: Coord) -> Coord:
+    """A small block for the dry run before a search: a quarter of the base per axis (the base may not fit)."""
+    return (base_block // 4).maximum(step).ceil_div(step) * step
+
+
+def model_key(name: str, weights_sha256: str | None, kwargs: dict | None = None) -> dict:
+    """The model as the cache tells models apart."""
+    return {"name": name, "weights": weights_sha256, "kwargs": json.loads(json.dumps(kwargs or {}, default=str))}
