@@ -79,9 +79,9 @@ def configure_run(cfg, source, previous=None, source_path=None, *, plan_only: bo
     """The run's config for a package model: normalisation ``none``, the statistics in model_kwargs.
 
     ``previous``: the markers of the run this one resumes (None: a new run).  A new run first has the
-    package reproduce its own test output (:func:`.check.check_package_once`, cached per package).  A 2D
+    package reproduce its own test output (:func:`blockpred.models.check.check_package_once`, cached per package).  A 2D
     package's per-plane statistics are read back from the resumed run's markers when they are there
-    (see :mod:`.bioimageio_planes`), else computed; ``source_path`` is where dask workers open the input
+    (see :mod:`blockpred.models.bioimageio_planes`), else computed; ``source_path`` is where dask workers open the input
     when a scheduler computes them.  ``plan_only`` (``blockpred plan``): they are not computed (that reads
     every plane): the first plane's stand for all, for the dry run.
     """
