@@ -55,6 +55,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    help="activation layout; channels_last is channels_last_3d; auto: the faster of the two for "
                         "this network and device, measured at the first run and cached [measured when the run "
                         "is long enough to pay, else contiguous]")
+    g.add_argument("--backend", choices=("auto", "torch", "openvino"),
+                   help="what runs the network: openvino runs it on the CPU (converted once, cached); auto: on the "
+                        "CPU the faster of torch and openvino, measured with the memory format when the run is long "
+                        "enough to pay, then cached [auto]")
     g.add_argument("--tta", choices=("off", "flips", "flips-yx"),
                    help="test-time augmentation: the mean over the 8 flips of z, y and x (flips) or the 4 of y and "
                         "x (flips-yx); exact under the halo crop; 8x (4x) the compute [off]")
@@ -117,12 +121,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 _RUN_KEYS = ("model", "weights", "model_kwargs", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode",
-             "device", "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize", "output_dtype",
-             "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
-             "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid", "pyramid_method",
-             "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs", "partition", "account",
-             "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config", "progress_json", "tta",
-             "plane")
+             "device", "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize",
+             "output_dtype", "output_chunks", "shards", "channels", "compression", "overwrite", "progress",
+             "workers", "scheduler", "local", "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid",
+             "pyramid_method", "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs",
+             "partition", "account", "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config",
+             "progress_json", "tta", "backend", "plane")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -178,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch.compile the network [off]")
     bench.add_argument("--memory-format", choices=("contiguous", "channels_last"),
                        help="activation layout [what `run` would choose]")
+    bench.add_argument("--backend", help="backends, e.g. torch,openvino: a row for each, with its largest "
+                       "difference from torch at fp32 [what `run` would choose]")
     bench.add_argument("--tta", default="off", choices=("off", "flips", "flips-yx"),
                        help="time the network under test-time augmentation (a pass per flip), so Mvox/s and "
                             "--extrapolate count its cost [off]")
@@ -368,7 +374,8 @@ def _bench(args: argparse.Namespace) -> int:
             batch_sizes=None if batch_sizes is None else tuple(batch_sizes), precisions=tuple(precisions),
             device=args.device, warmup=args.warmup, iterations=args.iterations, compile=args.compile,
             memory_format=args.memory_format, region=parse_shape(args.volume_shape, "volume shape"),
-            progress=lambda text: say(f"measuring {text}"), tta=args.tta)
+            progress=lambda text: say(f"measuring {text}"), tta=args.tta,
+            backends=None if not args.backend else tuple(b.strip() for b in args.backend.split(",") if b.strip()))
         first = results[0]
         print(f"model {first.model} on {first.device}: block {tuple(first.block)} -> network input "
               f"{tuple(first.input_shape)}; Mvox/s of output (block) and network-input voxels")

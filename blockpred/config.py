@@ -26,6 +26,7 @@ from .choices import (  # noqa: F401
     PAD_MODES,
     PRECISIONS,
     PYRAMID_METHODS,
+    RUN_BACKENDS,
     RUN_PRECISIONS,
     SHARD_CHOICES,
 )
@@ -73,6 +74,10 @@ class RunConfig:
     #: (see blockpred.tuning.memformat); None: the same, measured when the run is long enough to pay for it
     #: (see blockpred.tuning.defaults), else contiguous; with compile, contiguous.
     memory_format: str | None = None
+    #: What runs the network: torch, openvino (the CPU only), or auto: on the CPU the faster of the two (and
+    #: of torch's layouts), measured with the memory format when the run is long enough to pay, then cached;
+    #: torch where not measured, on CUDA and with --compile (see blockpred.tuning.memformat).
+    backend: str = "auto"
     normalize: Normalization = Normalization("auto")
     output_dtype: np.dtype = np.dtype("float32")
     #: Output chunk shape (z, y, x); None: per axis the largest divisor of the block (or shard) <= 128.
@@ -299,6 +304,8 @@ def _normalise(name: str, value: Any) -> Any:
         if str(value) not in RUN_PRECISIONS:
             raise InvalidOptionError(f"precision must be one of {', '.join(RUN_PRECISIONS)}, got {value!r}")
         return str(value)
+    if name == "backend":
+        return _choice(value, name, RUN_BACKENDS)
     if name == "missing_chunks":
         return _choice(value, name, MISSING_CHUNKS)
     if name == "pad_mode":

@@ -28,6 +28,7 @@ class Logged(torch.nn.Module):
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
+        self.torch_only = True  # its forward has side effects the tests count: never converted
         if default_block is not None:
             self.default_block = (default_block,) * 3
 
@@ -89,6 +90,7 @@ class MemoryLimited(torch.nn.Module):
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
+        self.torch_only = True  # its forward has side effects the tests count: never converted
         self.refusals = self.passes = 0
 
     def forward(self, x):
@@ -129,6 +131,7 @@ class Uneven(torch.nn.Module):
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
+        self.torch_only = True  # its forward has side effects the tests count: never converted
         self.slow = None
 
     def forward(self, x):
@@ -153,6 +156,7 @@ class Gated(torch.nn.Module):
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
+        self.torch_only = True  # its forward has side effects the tests count: never converted
 
     def forward(self, x):
         if x.any():
@@ -180,6 +184,7 @@ class PidLogged(torch.nn.Module):
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
+        self.torch_only = True  # its forward has side effects the tests count: never converted
 
     def forward(self, x):
         if x.any():
@@ -242,6 +247,7 @@ class SlowToLoad(torch.nn.Module):
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
+        self.torch_only = True  # its forward has side effects the tests count: never converted
 
     def forward(self, x):
         return self.net(x)

@@ -211,3 +211,25 @@ class RefusesLargeBlocks(nn.Module):
 
 def refuses_large_blocks(max_side: int = 40) -> nn.Module:
     return RefusesLargeBlocks(max_side)
+
+
+class TransposedNet2d(nn.Module):
+    """A small 2D U-Net that upsamples by a transposed convolution (as many published 2D networks do):
+    (b, 1, y, x) -> (b, 2, y, x), one pooling, a skip connection."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(1, 4, 3, padding=1)
+        self.pool = nn.AvgPool2d(2)
+        self.mid = nn.Conv2d(4, 4, 3, padding=1)
+        self.up = nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.out = nn.Conv2d(8, 2, 3, padding=1)
+
+    def forward(self, x):
+        skip = torch.relu(self.down(x))
+        return self.out(torch.cat([skip, self.up(torch.relu(self.mid(self.pool(skip))))], dim=1))
+
+
+def transposed_net2d() -> nn.Module:
+    torch.manual_seed(0)
+    return TransposedNet2d().eval()

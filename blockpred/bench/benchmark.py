@@ -18,7 +18,7 @@ import platform
 import resource
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -41,6 +41,10 @@ class ThroughputResult:
     peak_memory_bytes: int
     memory_kind: str  # "cuda max allocated" or "process peak RSS"
     load: dict = field(default_factory=dict)
+    #: What ran the network (``torch``, ``openvino``; ``torch (openvino: ...)`` where it did not convert).
+    backend: str = "torch"
+    #: The largest difference from torch at fp32 on one seeded batch (None: not compared).
+    max_diff: float | None = None
 
     def _percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_s, q))
@@ -105,16 +109,18 @@ def environment() -> dict:
 
 
 def format_table(results: list[ThroughputResult]) -> str:
-    header = (f"{'precision':<9} {'batch':>5} {'out Mvox/s':>10} {'in Mvox/s':>10} {'mean ms':>9} {'p50':>8} "
-              f"{'p90':>8} {'p95':>8} {'p99':>8} {'peak mem':>10} {'load':>14}")
+    header = (f"{'backend':<8} {'precision':<9} {'batch':>5} {'out Mvox/s':>10} {'in Mvox/s':>10} {'mean ms':>9} "
+              f"{'p50':>8} {'p90':>8} {'p95':>8} {'p99':>8} {'peak mem':>10} {'max |diff|':>10} {'load':>14}")
     lines = [header]
     for r in results:
         d = r.as_dict()
         load = r.load.get("label", "")
+        diff = "" if r.max_diff is None else f"{r.max_diff:.2g}"
         lines.append(
-            f"{r.precision:<9} {r.batch_size:>5} {r.output_mvox_per_s:>10.2f} {r.input_mvox_per_s:>10.2f} "
-            f"{d['mean_s'] * 1e3:>9.1f} {d['p50_s'] * 1e3:>8.1f} {d['p90_s'] * 1e3:>8.1f} {d['p95_s'] * 1e3:>8.1f} "
-            f"{d['p99_s'] * 1e3:>8.1f} {r.peak_memory_bytes / 2**30:>8.2f}Gi {load:>14}"
+            f"{r.backend.split(' ')[0]:<8} {r.precision:<9} {r.batch_size:>5} {r.output_mvox_per_s:>10.2f} "
+            f"{r.input_mvox_per_s:>10.2f} {d['mean_s'] * 1e3:>9.1f} {d['p50_s'] * 1e3:>8.1f} {d['p90_s'] * 1e3:>8.1f} "
+            f"{d['p95_s'] * 1e3:>8.1f} {d['p99_s'] * 1e3:>8.1f} {r.peak_memory_bytes / 2**30:>8.2f}Gi {diff:>10} "
+            f"{load:>14}"
         )
     return "\n".join(lines)
 
@@ -129,6 +135,7 @@ class RunChoice:
     memory_format: str
     #: The run's own words for the choice (its measured defaults' line and its halo's).
     how: str
+    backend: str = "torch"
 
 
 def run_choice(*, model: str, weights: str | None, region: Coord, precision: str, device: str,
@@ -156,14 +163,15 @@ def run_choice(*, model: str, weights: str | None, region: Coord, precision: str
             p = prepare(cfg, source, source_path, parse_volume_path(str(Path(workdir) / "out.zarr")))
     how = "; ".join(filter(None, [f"chosen {p.defaults}" if p.defaults is not None else "",
                                   p.layout.halo.note() if p.layout.halo is not None else ""]))
-    return RunChoice(p.layout.plan.block_shape, p.layout.plan.halo, p.settings.batch_size, p.memory_format, how)
+    return RunChoice(p.layout.plan.block_shape, p.layout.plan.halo, p.settings.batch_size, p.memory_format, how,
+                     p.backend)
 
 
 def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str | None = None,
         halo: Coord | None = None, batch_sizes: tuple[int | str, ...] | None = None,
         precisions: tuple[str, ...] = ("fp32",), device: str = "auto", warmup: int = 2, iterations: int = 5,
         compile: str = "off", memory_format: str | None = None, region: Coord = Coord((128, 256, 256)),
-        progress=None, tta: str = "off") -> list[ThroughputResult]:
+        progress=None, tta: str = "off", backends: tuple[str, ...] | None = None) -> list[ThroughputResult]:
     """Measure every batch size x precision; shapes from the options, else what ``blockpred run`` would choose.
 
     ``tta`` times the network under test-time augmentation (a pass per flip), so
@@ -174,6 +182,8 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     uint8 volume of shape ``region`` (:func:`run_choice`: its measured
     defaults, its receptive-field halo).  ``block="auto"`` or a batch size
     ``"auto"`` run the full trial search of ``run --block auto`` instead.
+    ``backends`` (``torch``, ``openvino``): a row for each, with its largest
+    difference from torch at fp32; None: the backend the run would choose.
     """
     from ..models import load_model
     from ..models.planes import check_halo, default_halo
@@ -192,9 +202,11 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     in_channels = loaded.in_channels or 1
     if isinstance(block, Coord):  # the rule `run` applies, before any device time is spent
         check_block_on_grid(given, loaded.downsampling)
+    from ..tuning.sizing import model_key
+
     results = []
     for precision in precisions:
-        chosen, layout = given, memory_format or "contiguous"
+        chosen, layout, choice = given, memory_format or "contiguous", None
         batches = list(batch_sizes) if batch_sizes is not None else [None]
         if block != "auto" and "auto" not in batches and (block is None or None in batches or memory_format is None
                                                           or halo is None):
@@ -208,6 +220,8 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
                          f"{'x'.join(map(str, region))} uint8: block {'x'.join(map(str, chosen))}, batch "
                          f"{batches[0]}, {layout}; {choice.how}")
         batches = [1 if b is None else b for b in batches]
+        key = model_key(loaded.name, loaded.weights_sha256)
+        runs_on = list(backends) if backends is not None else [choice.backend if choice is not None else "torch"]
         predictor = Predictor(with_tta(loaded.module, tta), target, precision, compile=compile,
                               memory_format=layout)
         if block == "auto" or "auto" in batches:
@@ -221,12 +235,24 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
             progress(_cpu_estimate(predictor, loaded, in_channels, chosen, halo_, batches, warmup + iterations))
         geometry = probe_network(predictor, in_channels=in_channels, block=chosen, halo=halo_,
                                  downsampling=loaded.downsampling)
-        for batch_size in dict.fromkeys(batches):
-            if progress is not None:
-                progress(f"{loaded.name} {precision} batch {batch_size}: input {tuple(geometry.input_shape)}")
-            results.append(measure(predictor, model_name=loaded.name, in_channels=in_channels, block=chosen,
-                                   input_shape=geometry.input_shape, batch_size=int(batch_size), warmup=warmup,
-                                   iterations=iterations))
+        sample = np.random.default_rng(0).random((1, in_channels) + tuple(geometry.input_shape), dtype=np.float32)
+        reference = None
+        for backend in runs_on:
+            if backend != "torch" or len(runs_on) > 1:  # each backend its own predictor, compared with torch fp32
+                if reference is None:
+                    reference = Predictor(with_tta(loaded.module, tta), target, "fp32")(sample)
+                predictor = Predictor(with_tta(loaded.module, tta), target, precision, compile=compile,
+                                      memory_format=layout if backend == "torch" else "contiguous", backend=backend,
+                                      backend_key=key)
+            diff = None if reference is None else float(np.abs(predictor(sample) - reference).max())
+            for batch_size in dict.fromkeys(batches):
+                if progress is not None:
+                    progress(f"{loaded.name} {backend} {precision} batch {batch_size}: input "
+                             f"{tuple(geometry.input_shape)}")
+                result = measure(predictor, model_name=loaded.name, in_channels=in_channels, block=chosen,
+                                 input_shape=geometry.input_shape, batch_size=int(batch_size), warmup=warmup,
+                                 iterations=iterations)
+                results.append(replace(result, backend=predictor.backend_note, max_diff=diff))
     return results
 
 

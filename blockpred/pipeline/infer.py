@@ -43,8 +43,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..choices import COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
+from ..choices import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
 from ..errors import InvalidOptionError
+from .backends import make_backend, resolve_device  # noqa: F401 - resolve_device: the pipeline's
 from .cpu_steps import after_network, is_normalized, normalized
 from .hostmem import BufferPool, keep_freed_memory, pinned
 
@@ -61,29 +62,6 @@ AFTER_THREADS = 2
 _FLOAT32 = np.dtype(np.float32)
 _TORCH_OUTPUT_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float16"): torch.float16,
                         np.dtype("uint8"): torch.uint8}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> the first CUDA device if there is one, else the CPU; checks the rest."""
-    name = str(name).strip().lower()
-    if name == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise InvalidOptionError(f"device must be cpu, cuda or cuda:N, got {name!r}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InvalidOptionError(f"device {name!r} asked for, but no CUDA device is available; use --device cpu")
-        index = device.index or 0
-        if index >= torch.cuda.device_count():
-            raise InvalidOptionError(
-                f"device {name!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible"
-            )
-        return torch.device("cuda", index)
-    if device.type != "cpu":
-        raise InvalidOptionError(f"device must be cpu, cuda or cuda:N, got {name!r}")
-    return device
 
 
 @dataclass(frozen=True)
@@ -182,15 +160,24 @@ class Predictor:
     (a :data:`COMPILE_MODES` name; ``reduce-overhead`` replays CUDA graphs)
     and ``memory_format`` (``channels_last`` for ``channels_last_3d``) are
     the optional fast paths; cuDNN picks its fastest kernels per shape.
+    ``backend`` (``torch`` or, on the CPU, ``openvino``: see :mod:`.backends`)
+    runs the network; ``backend_key`` names it in the conversion cache.
     """
 
     def __init__(self, module: torch.nn.Module, device: torch.device, precision: str = "fp32", *,
-                 compile: str = "off", memory_format: str = "contiguous"):
+                 compile: str = "off", memory_format: str = "contiguous", backend: str = "torch",
+                 backend_key: dict | None = None):
         if compile not in COMPILE_MODES:
             raise InvalidOptionError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         if memory_format not in MEMORY_FORMATS:
             raise InvalidOptionError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
         _check_precision(precision)
+        if backend not in BACKENDS:
+            raise InvalidOptionError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if backend != "torch" and (device.type != "cpu" or compile != "off"):
+            raise InvalidOptionError(f"--backend {backend} runs on the CPU, uncompiled; on {device} use --backend "
+                                     f"torch (or auto){' and drop --compile' if compile != 'off' else ''}")
+        self.backend, self._backend_key = backend, backend_key
         keep_freed_memory()  # a block's activations are reused from pass to pass, not faulted in anew
         self.device = device
         self.compile = compile
@@ -219,14 +206,15 @@ class Predictor:
         then carries a graph, and .to() warns about .grad)."""
         with torch.no_grad():
             module = copy.deepcopy(self._given).to(self.device).eval()
-        low = _AUTOCAST_DTYPES.get(precision)
+        low = _AUTOCAST_DTYPES.get(precision) if self.backend == "torch" else None  # another backend casts itself
         if low is not None:
             for layer in module.modules():
                 if isinstance(layer, _CAST_ONCE):
                     layer.to(low)
         if self.memory_format == "channels_last":
             _set_layout(module, self.memory_format)
-        self.precision, self.module, self._forward = precision, module, module
+        self.precision, self.module = precision, module
+        self._forward = make_backend(self.backend, module, precision=precision, key=self._backend_key)
         if self.compile != "off":
             self._forward = torch.compile(module, mode=None if self.compile == "default" else self.compile,
                                           dynamic=False)
@@ -241,6 +229,24 @@ class Predictor:
             self._build(precision)
             if self._cuda:
                 self._compute.wait_stream(torch.cuda.current_stream(self.device))  # the weights' copies
+
+    def use_backend(self, backend: str) -> None:
+        """Run the network on ``backend`` from now on (the measured choice of ``--backend auto``)."""
+        if backend != self.backend:
+            if backend not in BACKENDS:
+                raise InvalidOptionError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+            self.backend = backend
+            if backend != "torch":
+                self.memory_format = "contiguous"  # OpenVINO lays out its own tensors
+            self._build(self.precision)
+
+    @property
+    def backend_note(self) -> str:
+        """What ran the network: ``torch``, ``openvino`` or ``torch (openvino: <why not>)``."""
+        converted = getattr(self._forward, "converted", None)
+        if self.backend == "torch" or converted is None:
+            return self.backend
+        return "openvino" if converted else f"torch (openvino: {self._forward.reason})"
 
     def use_memory_format(self, memory_format: str) -> None:
         """Switch the weights and the activations to ``memory_format`` (not with ``compile``: it would recompile)."""

@@ -64,13 +64,17 @@ class Job:
     skip_empty: bool = False
     #: Test-time augmentation (see :mod:`blockpred.models.tta`).
     tta: str = "off"
+    #: What runs the network (``torch``, ``openvino``), and the network's name in the conversion cache.
+    backend: str = "torch"
+    backend_key: dict | None = None
 
     def make_predictor(self, device: str | None = None) -> Predictor:
         """Load the model (with its test-time augmentation) and put it on ``device`` (default: the job's)."""
         from ..models.tta import with_tta
 
         return Predictor(with_tta(self.model.load().module, self.tta), resolve_device(device or self.device),
-                         self.precision, compile=self.compile, memory_format=self.memory_format)
+                         self.precision, compile=self.compile, memory_format=self.memory_format,
+                         backend=self.backend, backend_key=self.backend_key)
 
     def blocks(self, block_ids: Iterable[int]) -> Iterator[Block]:
         """The blocks of ``block_ids``, made one at a time as the pipeline reads them (never a list of millions)."""

@@ -29,6 +29,7 @@ from ..models.bioimageio import STATISTICS_KEY
 from ..models.field import NetworkField, network_field, stated_field
 from ..models.planes import default_halo, stack_axis
 from ..pipeline import DeviceSteps, Predictor, is_out_of_memory, resolve_device
+from ..pipeline.backends import openvino_available
 from ..pipeline.blocking import BlockPlan, blocks_per_axis, plan_blocks
 from ..pipeline.job import ModelSpec
 from ..tuning.autosize import (
@@ -49,6 +50,9 @@ from .layout import OutputLayout, block_step, choose_layout
 
 logger = logging.getLogger(__name__)
 
+#: Seconds foreseen for OpenVINO's conversion (or its read from the cache) beyond its passes: ``tiny`` converted
+#: in 1.3-1.4 s on 2 cores, and read from the cache in 0.03 s.
+OPENVINO_TRIAL_S = 1.5
 #: Block core when neither the options nor the model say (rounded to the downsampling).
 DEFAULT_BLOCK = Coord((64, 64, 64))
 #: Halo for a 'same' network that states none.
@@ -241,13 +245,14 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     the share of the blocks still to run (a resume), which the estimate counts.
     """
     want_block, want_batch = not block_named, cfg.batch_size is None
-    want_format = cfg.memory_format is None and cfg.compile == "off"
+    want_format = cfg.memory_format is None and cfg.compile == "off" and cfg.backend != "openvino"
+    here = cfg.scheduler is None  # passes timed here stand for the run's device (else it is a worker's)
+    want_backend = wants_backend(cfg, model, predictor)
     blocks = blocks_per_axis(roi, block).prod() * todo_share
     in_channels = source.num_channels or 1
     shape = (1, in_channels) + tuple(geometry.input_shape)
     started = time.perf_counter()
     spent = lambda: time.perf_counter() - started  # noqa: E731
-    here = cfg.scheduler is None  # passes timed here stand for the run's device (else it is a worker's)
 
     def choose(budget: float, pass_s: float | None = None) -> tuple[FormatChoice | None, SizeChoice | None]:
         """What is cached, and within ``budget`` seconds (from ``started``) what is not.
@@ -257,11 +262,16 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         """
         chosen_format = chosen_sizes = None
         known_format = {predictor.memory_format: pass_s} if pass_s is not None and here else None
-        if want_format:
-            # The passes of a quick trial per layout not yet timed (the estimate's pass is the known one's).
-            layouts = len(MEMORY_FORMATS) - bool(known_format)
-            cost = quick_trial_passes(predictor.device.type) * layouts * (pass_s or 0.0)
-            chosen_format = choose_format(cfg, model, predictor, shape, quick=True,
+        if want_format or want_backend:
+            layouts = MEMORY_FORMATS if want_format else (predictor.memory_format,)
+            backends = ("torch", "openvino") if want_backend else (predictor.backend,)
+            # The passes of a quick trial per layout not yet timed (the estimate's pass is the known one's);
+            # OpenVINO's: its conversion (or the cache's read) and check, an untimed pass and a timed one.
+            untimed = len(layouts) - bool(known_format)
+            cost = quick_trial_passes(predictor.device.type) * untimed * (pass_s or 0.0)
+            if want_backend:
+                cost += OPENVINO_TRIAL_S + 3 * (pass_s or 0.0)
+            chosen_format = choose_format(cfg, model, predictor, shape, quick=True, layouts=layouts, backends=backends,
                                            cached_only=pass_s is None or spent() + cost > budget, known=known_format)
         if want_block or want_batch:
             known: tuple[Trial, ...] = ()
@@ -276,7 +286,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         return chosen_format, chosen_sizes
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
-    complete = (format_choice is not None or not want_format) and (
+    complete = (format_choice is not None or not (want_format or want_backend)) and (
         sizing.complete if sizing is not None else not (want_block or want_batch))  # else a cut-short search goes on
     estimated, out_of_memory = blocks * dry_run_s, False
     if not complete and measure and measuring_budget(estimated) > 0:
@@ -316,6 +326,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         batch_size=(sizing.batch_size if sizing is not None else 1) if want_batch else None,
         memory_format=(format_choice.memory_format if format_choice is not None else "contiguous")
         if want_format else None,
+        backend=(format_choice.backend if format_choice is not None else "torch") if want_backend else None,
         estimated_run_s=estimated, measured_s=spent() if measured else 0.0, how=how)
     return defaults, sizing, format_choice
 
@@ -374,17 +385,30 @@ def start_format(cfg: RunConfig) -> str:
     return "contiguous" if cfg.memory_format in ("auto", None) else cfg.memory_format
 
 
+def wants_backend(cfg: RunConfig, model, predictor: Predictor) -> bool:
+    """Whether ``--backend auto`` measures OpenVINO against torch: with the memory format (left to blockpred:
+    a named layout is a torch layout), on this process's CPU (where the run's blocks run), uncompiled, where
+    OpenVINO is installed, the network takes one input (a package's per-plane statistics are a second) and does
+    not say ``torch_only`` (a module whose forward has side effects, or ops a tracer cannot see)."""
+    return (cfg.backend == "auto" and cfg.memory_format in (None, "auto") and cfg.compile == "off"
+            and cfg.scheduler is None and cfg.cluster is None and predictor.device.type == "cpu"
+            and openvino_available() and getattr(model.module, "planes_along", None) is None
+            and not getattr(model.module, "torch_only", False))
+
+
 def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
                    repeats: int = FORMAT_REPEATS, cached_only: bool = False,
-                   known: dict | None = None, quick: bool = False) -> FormatChoice | None:
-    """The faster memory format, measured on this process's device, or with ``--scheduler`` on a worker's.
+                   known: dict | None = None, quick: bool = False, layouts: tuple[str, ...] = MEMORY_FORMATS,
+                   backends: tuple[str, ...] = ("torch",)) -> FormatChoice | None:
+    """The faster memory format (and, with ``openvino`` among ``backends``, backend), measured on this process's
+    device, or with ``--scheduler`` on a worker's (torch's layouts only).
 
     None when ``cached_only`` finds nothing cached.  ``quick``: see :func:`choose_memory_format`.
     """
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
         choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only,
-                                      known=known, quick=quick)
+                                      known=known, quick=quick, layouts=layouts, backends=backends)
     else:
         from ..cluster.scheduler import run_on_a_worker
 

@@ -20,7 +20,7 @@ import os
 from typing import Callable
 
 from ..cluster.jobqueue import job_settings
-from ..config import RunConfig, make_config
+from ..config import MEMORY_FORMATS, RunConfig, make_config
 from ..errors import InvalidOptionError, ModelLoadError, OutputExistsError
 from ..geometry import Box, Coord
 from ..io import (
@@ -42,9 +42,11 @@ from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
 from .choose import (
     check_channels,
     choose_format,
+    model_key_of,
     network_field_of,
     plan_layout,
     start_format,
+    wants_backend,
 )
 from .layout import OutputLayout, block_step
 from .mask import Mask
@@ -251,7 +253,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     module = with_tta(model.module, cfg.tta)
     jobs = job_settings(cfg, 1)
     precision, precision_note = _start_precision(cfg, device, jobs)
-    predictor = Predictor(module, device, precision, compile=cfg.compile, memory_format=start_format(cfg))
+    predictor = Predictor(module, device, precision, compile=cfg.compile, memory_format=start_format(cfg),
+                          backend="torch" if cfg.backend == "auto" else cfg.backend,
+                          backend_key=model_key_of(cfg, model))
     auto = cfg.precision == AUTO
 
     def check_precision_on_first_block(geometry, halo: Coord) -> None:
@@ -316,10 +320,13 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     masked = ~mask.coverage(plan) if mask is not None and not resumed else None
     check_inodes(target_path, plan, layout.output, finished if resumed else masked)
     format_choice = layout.format_choice
-    if format_choice is None and measure and (cfg.memory_format == "auto" or (
+    backend_open = wants_backend(cfg, model, predictor) and layout.defaults is None
+    if format_choice is None and measure and cfg.backend != "openvino" and (cfg.memory_format == "auto" or backend_open or (
             cfg.memory_format is None and cfg.compile == "off" and layout.defaults is None)):
         # Asked for, or left to blockpred in a run that asked for size trials (--block/--batch-size auto).
-        format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape))
+        layouts = MEMORY_FORMATS if cfg.memory_format in ("auto", None) else (cfg.memory_format,)
+        format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape),
+                                      layouts=layouts, backends=("torch", "openvino") if backend_open else ("torch",))
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
                     resumed, previous, masked, format_choice, precision_note)
 

@@ -50,6 +50,13 @@ class Prepared:
         return self.cfg.memory_format or "contiguous"
 
     @property
+    def backend(self) -> str:
+        """What runs the network: the measured choice of ``--backend auto``, else the one named (auto: torch)."""
+        if self.format_choice is not None:
+            return self.format_choice.backend
+        return self.predictor.backend
+
+    @property
     def defaults(self) -> Defaults | None:
         """What the run chose for the block, batch and memory format it was not given (see
         :mod:`blockpred.tuning.defaults`)."""

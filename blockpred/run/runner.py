@@ -93,6 +93,9 @@ class PredictionSummary:
     #: the CPU): the first block's check against fp32 (see :mod:`blockpred.tuning.precision`).
     precision: str = ""
     precision_note: str = ""
+    #: What ran the network: ``torch``, ``openvino``, or ``torch (openvino: <why not>)`` (see
+    #: :mod:`blockpred.pipeline.backends`); "" when not known.
+    backend: str = ""
     #: The halo, where it came from, and the network's receptive field (see :mod:`blockpred.run.halo`).
     halo: "HaloChoice | None" = None
 
@@ -122,6 +125,8 @@ class PredictionSummary:
             lines.append(f"precision: {self.precision_note}")
         if self.halo is not None:
             lines.append(self.halo.note())
+        if self.backend and self.backend != "torch":
+            lines.append(f"backend: {self.backend}")
         if self.sizing is not None and self.defaults is None:
             lines.append(f"auto size: {self.sizing}")
         if self.memory_format is not None and (self.defaults is None or self.defaults.memory_format is None):
@@ -171,6 +176,7 @@ class PredictionSummary:
             "block": list(self.plan.block_shape), "halo": list(self.plan.halo), "batch_size": self.batch_size,
             **({k: v for k, v in self.halo.as_dict().items() if k != "halo"} if self.halo is not None else {}),
             "precision": self.precision or None, "precision_note": self.precision_note or None,
+            "backend": self.backend or None,
             "output_dtype": self.output_dtype,
             "chosen": None if self.defaults is None else str(self.defaults),
             "stages_s": {name: round(getattr(s, f"{name}_s"), 3) for name in ("read", "transfer", "compute", "write")},
@@ -251,7 +257,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
             owned.callback(markers.close)  # before the lock goes: its logs closed in this process
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
                   device=cfg.device, precision=p.cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
-                  skip_empty=cfg.skip_empty, tta=cfg.tta)
+                  skip_empty=cfg.skip_empty, tta=cfg.tta, backend=p.backend, backend_key=model_key_of(p.cfg, p.model))
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster, events)
@@ -263,7 +269,8 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
                                pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time,
                                plane=p.model.plane, precision=p.cfg.precision, precision_note=p.precision_note,
-                               halo=p.layout.halo)
+                               halo=p.layout.halo,
+                               backend=p.predictor.backend_note if not summary.workers else p.backend)
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,

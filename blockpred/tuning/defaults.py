@@ -69,11 +69,14 @@ class Defaults:
     measured_s: float
     #: "measured", "cached" or why nothing was measured.
     how: str
+    #: What runs the network where ``--backend auto`` measured it (None: named, or not measured on this device).
+    backend: str | None = None
 
     def __str__(self) -> str:
+        layout = "openvino" if self.backend == "openvino" else self.memory_format
         chosen = [f"block {'x'.join(map(str, self.block))}" if self.block is not None else None,
                   f"batch {self.batch_size}" if self.batch_size is not None else None,
-                  self.memory_format]
+                  layout]
         what = ", ".join(c for c in chosen if c)
         if self.how == "measured":
             how = f"measured in {self.measured_s:.1f} s for a run estimated at {self.estimated_run_s:.1f} s"

@@ -1,4 +1,4 @@
-"""``--memory-format auto``: the activation layout that runs this network fastest on this device, measured once.
+"""``--memory-format auto`` and ``--backend auto``: what runs this network fastest on this device, measured once.
 
 ``channels_last_3d`` halves the time of one 3D U-Net and does nothing for
 another (issue 5 measured no gain on ``tiny``; a user's 12-feature U-Net ran
@@ -13,6 +13,14 @@ cached per model, weights, device, precision and shape in ``formats.json`` of
 the cache directory (:mod:`blockpred.cache`), so only the first run pays.
 Both layouts compute the same values (to float rounding): the choice is not
 part of a run's fingerprint.
+
+On the CPU OpenVINO is one more candidate (``--backend auto``; see
+:mod:`blockpred.pipeline.backends`): its pass is timed after an untimed one
+that converts the network (or reads its conversion from the cache) and
+checks it against torch; a network that does not convert, or differs, loses.
+It wins as a layout does, by :data:`MIN_GAIN` over torch's contiguous pass,
+and runs in its own layout.  Its values equal torch's within 1e-5 of the
+output range, so it is not part of a run's fingerprint either.
 """
 
 from __future__ import annotations
@@ -35,35 +43,50 @@ REPEATS = 2
 MIN_GAIN = 0.05
 
 
+#: What is timed under each name: (backend, memory format).
+CANDIDATES = {"contiguous": ("torch", "contiguous"), "channels_last": ("torch", "channels_last"),
+              "openvino": ("openvino", "contiguous")}
+
+
 @dataclass(frozen=True)
 class FormatChoice:
     memory_format: str
-    #: Seconds per pass, per layout.
+    #: Seconds per pass, per candidate (a layout of torch's, or ``openvino``).
     seconds: dict
     cached: bool = False
+    #: What runs the network (``torch`` or ``openvino``).
+    backend: str = "torch"
 
     def __str__(self) -> str:
-        times = ", ".join(f"{name} {s:.3f} s" if s is not None else f"{name} out of memory"
+        times = ", ".join(f"{name} {s:.3f} s" if s is not None else f"{name} out of memory or not converted"
                           for name, s in self.seconds.items())
-        return f"{self.memory_format} (per pass: {times}; {'cached' if self.cached else 'measured'})"
+        what = "openvino" if self.backend == "openvino" else self.memory_format
+        return f"{what} (per pass: {times}; {'cached' if self.cached else 'measured'})"
 
 
 def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], model_key: dict,
                          cache: JsonFile | None = None, repeats: int = REPEATS, cached_only: bool = False,
-                         known: Mapping[str, float] | None = None, quick: bool = False) -> FormatChoice | None:
-    """The faster layout for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
+                         known: Mapping[str, float] | None = None, quick: bool = False,
+                         layouts: tuple[str, ...] = MEMORY_FORMATS,
+                         backends: tuple[str, ...] = ("torch",)) -> FormatChoice | None:
+    """The faster layout (and backend) for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
 
     ``repeats``: timed passes per layout after a warm-up.  ``quick`` (the measured defaults): the passes
     of a quick size trial instead (:func:`blockpred.tuning.sizing.quick_trial_passes`: on a CPU one pass, cold).
     ``cached_only``: None instead of a measurement when nothing is cached.
     ``known``: seconds per (warm) pass already measured for some layouts at this shape: not measured again.
+    ``layouts``: torch's layouts to compare (one: a named layout); ``backends``: ``openvino`` among them adds it.
     """
+    names = ([*layouts] if "torch" in backends else []) + (["openvino"] if "openvino" in backends else [])
     cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
     key = json.dumps({"model": model_key, "device": device_key(predictor), "precision": predictor.precision,
-                      "compile": predictor.compile, "shape": list(batch_shape)}, sort_keys=True, default=str)
+                      "compile": predictor.compile, "shape": list(batch_shape),
+                      **({"candidates": names} if names != list(MEMORY_FORMATS) else {})},
+                     sort_keys=True, default=str)
     entry = cache.read().get(key)
     if isinstance(entry, dict) and entry.get("memory_format") in MEMORY_FORMATS:
-        choice = FormatChoice(entry["memory_format"], dict(entry.get("seconds", {})), cached=True)
+        choice = FormatChoice(entry["memory_format"], dict(entry.get("seconds", {})), cached=True,
+                              backend=str(entry.get("backend", "torch")))
     elif cached_only:
         return None
     else:
@@ -71,26 +94,36 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
         warmups, repeats = (quick_trial_passes(predictor.device.type) - 1, 1) if quick else (1, repeats)
         seconds = {name: known[name] if name in known
                    else _seconds_per_pass(predictor, name, batch_shape, warmups, repeats)
-                   for name in MEMORY_FORMATS}
+                   for name in names}
+        base = "contiguous" if "contiguous" in seconds else names[0]
         fastest = min(seconds, key=seconds.get)
-        winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds["contiguous"] else "contiguous"
+        winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds[base] else base
+        backend, layout = CANDIDATES[winner]
         seconds = {name: (s if math.isfinite(s) else None) for name, s in seconds.items()}  # JSON: no inf
-        choice = FormatChoice(winner, seconds)
+        choice = FormatChoice(layout, seconds, backend=backend)
         entries = cache.read()
-        entries[key] = {"memory_format": winner, "seconds": seconds}
-        cache.write(entries, "the memory format choice")
+        entries[key] = {"memory_format": layout, "backend": backend, "seconds": seconds}
+        cache.write(entries, "the memory format and backend choice")
+    predictor.use_backend(choice.backend)
     predictor.use_memory_format(choice.memory_format)
     return choice
 
 
-def _seconds_per_pass(predictor: Predictor, memory_format: str, batch_shape: tuple[int, ...], warmups: int,
+def _seconds_per_pass(predictor: Predictor, name: str, batch_shape: tuple[int, ...], warmups: int,
                       repeats: int) -> float:
-    """Seconds per pass in ``memory_format``; infinite when the batch does not fit the device in it."""
+    """Seconds per pass of candidate ``name``; infinite when the batch does not fit the device in it, or
+    (OpenVINO) the network does not convert."""
+    backend, memory_format = CANDIDATES[name]
+    predictor.use_backend(backend)
     predictor.use_memory_format(memory_format)
+    if backend == "openvino":
+        warmups = max(1, warmups)  # the first pass converts (or reads the conversion) and checks: not timed
     batch = np.random.default_rng(0).random(batch_shape, dtype=np.float32)  # kernels may run faster on zeros
     try:
         for _ in range(warmups):  # kernels chosen, memory allocated
             predictor(batch)
+        if predictor.backend_note != predictor.backend:  # OpenVINO fell back to torch: not a candidate
+            return math.inf
         start = time.perf_counter()
         for _ in range(repeats):
             predictor(batch)

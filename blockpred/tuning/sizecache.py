@@ -94,6 +94,8 @@ def cache_key(model_key: dict, predictor: Predictor, problem: SizeProblem, budge
     key = {"version": CACHE_VERSION, "model": model_key, "device": device_key(predictor),
            "precision": predictor.precision, "compile": predictor.compile, "memory_format": predictor.memory_format,
            "budget_bytes": budget_bytes, "problem": _problem_json(problem)}
+    if predictor.backend != "torch":  # (absent for torch: the trials cached before backends still serve)
+        key["backend"] = predictor.backend
     if quick:
         key["search"] = "quick"
     return key

@@ -19,11 +19,12 @@ def test_bench_prints_the_throughput_table_and_the_json_has_every_figure(tmp_pat
     assert said[0].startswith("measuring tiny fp32: as `blockpred run` would over 128x256x256 uint8: block 32x32x32")
     assert "halo 10x10x10 the model's" in said[0]
     assert said[1].startswith("measuring tiny fp32: block (32, 32, 32) on the CPU, about ") and "of passes" in said[1]
-    assert said[2].startswith("measuring tiny fp32 batch 1: input (52, 52, 52)")
-    table_rows = [line.split() for line in out.splitlines() if line.startswith("fp32")]
+    backend = report["results"][0]["backend"]  # the one the run chose (a CPU may run OpenVINO)
+    assert said[2].startswith(f"measuring tiny {backend} fp32 batch 1: input (52, 52, 52)")
+    table_rows = [line.split()[1:] for line in out.splitlines() if line.split()[:2] == [backend, "fp32"]]
     assert len(table_rows) == 2
     for row, result in zip(table_rows, report["results"]):
-        assert int(row[1]) == result["batch_size"]
+        assert int(row[1]) == result["batch_size"] and result["backend"] == backend
         assert float(row[2]) == pytest.approx(result["output_mvox_per_s"], abs=0.006)
         assert float(row[3]) == pytest.approx(result["input_mvox_per_s"], abs=0.006)
         for column, key in zip(row[4:9], ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")):
@@ -105,3 +106,19 @@ def test_bench_without_a_block_or_batch_times_what_the_run_chose(tmp_path, capsy
     result = json.loads(report_path.read_text())["results"][0]
     assert result["block"] == ran["block"] and result["batch_size"] == ran["batch_size"]
     assert "as `blockpred run` would over 32x96x96" in capsys.readouterr().err
+
+
+def test_bench_gives_a_row_per_backend_with_its_difference_from_torch(tmp_path, capsys):
+    from blockpred.pipeline.backends import openvino_available
+
+    if not openvino_available():
+        pytest.skip("OpenVINO is not installed")
+    report_path = tmp_path / "bench.json"
+    assert main(["bench", "--model", "tiny", "--device", "cpu", "--backend", "torch,openvino", "--batch-size", "1",
+                 "--warmup", "0", "--iterations", "1", "--block", "16", "--json", str(report_path)]) == 0
+    results = json.loads(report_path.read_text())["results"]
+    assert [r["backend"] for r in results] == ["torch", "openvino"]
+    assert results[0]["max_diff"] == 0.0 and results[1]["max_diff"] <= 1e-5
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["torch"], ["openvino"])]
+    assert rows == ["torch", "openvino"]

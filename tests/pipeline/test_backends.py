@@ -1,0 +1,154 @@
+"""``--backend openvino``: every kind of network runs through OpenVINO on the CPU and equals torch at fp32; a
+network that does not convert runs with torch and says why; the conversion is cached; workers run it too."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import blockpred
+from blockpred.errors import InvalidOptionError
+from blockpred.io import open_volume
+from blockpred.pipeline import Predictor
+from blockpred.pipeline.backends import openvino_available
+from blockpred.tuning.memformat import choose_memory_format
+from tests import realnets
+from tests.helpers import build_2d_package, write_test_volume
+
+pytestmark = pytest.mark.skipif(not openvino_available(), reason="OpenVINO is not installed")
+
+TOLERANCE = 1e-5
+#: Pinned, so that the two backends run the same blocks in the same batches.
+PINNED = dict(block=(16, 32, 32), batch_size=1, precision="fp32", progress=False, local=True)
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory) -> str:
+    data = np.random.default_rng(0).integers(0, 255, (16, 48, 40), dtype=np.uint8)
+    return write_test_volume(str(tmp_path_factory.mktemp("backends") / "v.zarr"), data)
+
+
+def read_all(path) -> np.ndarray:
+    with open_volume(str(path)) as v:
+        return v.read(v.box)
+
+
+def both(volume: str, tmp_path, **options):
+    """The same run with torch and with OpenVINO: (torch's output, OpenVINO's output, OpenVINO's summary)."""
+    blockpred.predict(volume, str(tmp_path / "torch.zarr"), backend="torch", **{**PINNED, **options})
+    summary = blockpred.predict(volume, str(tmp_path / "openvino.zarr"), backend="openvino", **{**PINNED, **options})
+    return read_all(tmp_path / "torch.zarr"), read_all(tmp_path / "openvino.zarr"), summary
+
+
+@pytest.fixture(scope="module")
+def synapse_weights(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("synapse") / "synapse.pt"
+    torch.save(realnets.synapse_unet().state_dict(), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param(dict(model="tiny"), id="preset"),
+    pytest.param(dict(model="tests.realnets:synapse_unet", weights="synapse"), id="factory-and-weights"),
+    pytest.param(dict(model="tiny", tta="flips-yx"), id="tta"),
+    pytest.param(dict(model="tests.models.test_planes:make_net2d", block=(2, 48, 40), halo=(0, 8, 8)), id="2d-factory"),
+])
+def test_openvino_equals_torch_at_fp32(volume, tmp_path, synapse_weights, options):
+    if options.get("weights") == "synapse":
+        options = {**options, "weights": synapse_weights}
+    expected, got, summary = both(volume, tmp_path, **options)
+    assert summary.backend == "openvino"
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
+
+
+def test_torchscript_files_and_a_bioimageio_package_run_through_openvino(volume, tmp_path):
+    # A scripted 3D U-Net that upsamples by F.interpolate (its scripted branches on the input's rank are traced
+    # through and frozen), and a scripted 2D network that upsamples by a transposed convolution, also packaged.
+    from blockpred.models.unet import UNet3d
+
+    torch.manual_seed(0)
+    nets = {"unet3d": (UNet3d(in_channels=1, out_channels=2, depth=2, initial_features=4).eval(), {}),
+            "transposed2d": (realnets.transposed_net2d(), dict(block=(2, 48, 40), halo=(0, 8, 8)))}
+    for name, (net, options) in nets.items():
+        path = tmp_path / f"{name}.pt"
+        torch.jit.script(net).save(str(path))
+        expected, got, summary = both(volume, tmp_path / name, model=str(path), **options)
+        assert summary.backend == "openvino", name
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
+    plane = np.random.default_rng(1).random((48, 40)).astype(np.float32)
+    package = build_2d_package(tmp_path, path, plane, halo=8, min_size=32, step=8)  # the volume's statistics
+    expected, got, summary = both(volume, tmp_path / "pkg", model=str(package), block=(2, 48, 40))
+    assert summary.backend == "openvino"
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
+
+
+class Opaque(torch.nn.Module):
+    """A network the tracer cannot follow: it leaves torch for numpy, so a trace records a constant."""
+
+    def forward(self, x):
+        return torch.from_numpy(np.tanh(x.detach().cpu().numpy()))
+
+
+def test_a_network_that_does_not_convert_runs_with_torch_and_one_line_says_why(volume, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="blockpred"):
+        summary = blockpred.predict(volume, str(tmp_path / "o.zarr"), model=Opaque(), backend="openvino",
+                                    **{**PINNED, "halo": 0})
+    warned = [r.getMessage() for r in caplog.records if "--backend openvino" in r.getMessage()]
+    assert len(warned) == 1 and "running it with torch" in warned[0], warned
+    assert summary.backend.startswith("torch (openvino: ")
+    expected = np.tanh(read_all(volume).astype(np.float32) / 255)
+    np.testing.assert_allclose(read_all(tmp_path / "o.zarr")[0], expected, atol=1e-6, rtol=0)
+
+
+def test_the_conversion_is_cached_and_a_second_predictor_converts_nothing(caplog):
+    from blockpred.models import build_preset
+
+    net, batch = build_preset("tiny"), np.random.default_rng(0).random((1, 1, 24, 24, 24), dtype=np.float32)
+    first = Predictor(net, torch.device("cpu"), backend="openvino", backend_key={"name": "tiny-cache-test"})
+    first(batch)
+    second = Predictor(net, torch.device("cpu"), backend="openvino", backend_key={"name": "tiny-cache-test"})
+    np.testing.assert_array_equal(second(batch), first(batch))
+    assert (first._forward.cached, second._forward.cached) == (False, True)
+    assert first.backend_note == second.backend_note == "openvino"
+
+
+def test_a_dask_worker_runs_the_backend_of_the_run(volume, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="blockpred.pipeline.backends"):
+        summary = blockpred.predict(volume, str(tmp_path / "dask.zarr"), model="tiny", backend="openvino",
+                                    **{**PINNED, "local": False, "workers": 1})
+    (worker,) = summary.workers.values()
+    assert worker.num_blocks == summary.plan.num_blocks and summary.backend == "openvino"
+    # The client converted at its dry run; the worker (in this process) read that conversion from the cache.
+    assert any("read from the cache" in r.getMessage() for r in caplog.records)
+    blockpred.predict(volume, str(tmp_path / "torch.zarr"), model="tiny", backend="torch", **PINNED)
+    np.testing.assert_allclose(read_all(tmp_path / "dask.zarr"), read_all(tmp_path / "torch.zarr"), atol=TOLERANCE,
+                               rtol=0)
+
+
+def test_auto_times_openvino_beside_the_layouts_and_caches_its_choice(tmp_path):
+    from blockpred.cache import JsonFile
+    from blockpred.models import build_preset
+
+    predictor = Predictor(build_preset("tiny"), torch.device("cpu"), backend_key={"name": "tiny-auto-test"})
+    cache = JsonFile(tmp_path / "formats.json")
+    shape = (1, 1, 36, 36, 36)
+    first = choose_memory_format(predictor, shape, {"name": "tiny"}, cache=cache, quick=True,
+                                 backends=("torch", "openvino"))
+    assert set(first.seconds) == {"contiguous", "channels_last", "openvino"} and first.seconds["openvino"] > 0
+    assert predictor.backend == first.backend and not first.cached
+    again = choose_memory_format(predictor, shape, {"name": "tiny"}, cache=cache, quick=True,
+                                 backends=("torch", "openvino"))
+    assert again.cached and (again.backend, again.memory_format) == (first.backend, first.memory_format)
+
+
+def test_openvino_is_refused_in_one_line_off_the_cpu_or_compiled():
+    from blockpred.models import build_preset
+
+    with pytest.raises(InvalidOptionError, match="--backend openvino runs on the CPU, uncompiled; on cuda"):
+        Predictor(build_preset("tiny"), torch.device("cuda"), backend="openvino")
+    with pytest.raises(InvalidOptionError, match="drop --compile"):
+        Predictor(build_preset("tiny"), torch.device("cpu"), backend="openvino", compile="default")
