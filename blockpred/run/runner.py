@@ -93,6 +93,9 @@ class PredictionSummary:
     #: the CPU): the first block's check against fp32 (see :mod:`blockpred.tuning.precision`).
     precision: str = ""
     precision_note: str = ""
+    #: This process's peak resident memory (bytes) by the run's end: the client's, and an in-process run's
+    #: blocks (dask workers' are their own processes'); None when not known.
+    peak_rss_bytes: int | None = None
     #: What ran the network: ``torch``, ``openvino``, or ``torch (openvino: <why not>)`` (see
     #: :mod:`blockpred.pipeline.backends`); "" when not known.
     backend: str = ""
@@ -150,8 +153,10 @@ class PredictionSummary:
         if s.num_blocks:
             started = f"started in {self.started_s:.2f} s; " if self.started_s is not None else ""
             device = f"device {s.compute_s:.2f} s" + (f", transfer {s.transfer_s:.2f} s" if s.transfer_s else "")
+            memory = (f"; peak memory {self.peak_rss_bytes / 2**30:.2f} GiB" if self.peak_rss_bytes is not None
+                      else "")
             lines.append(f"time: {started}stages summed over threads: read {s.read_s:.2f} s, {device}, "
-                         f"write {s.write_s:.2f} s")
+                         f"write {s.write_s:.2f} s{memory}")
         planes = f", {self.planes_per_s:.1f} {self.plane} planes/s" if self.plane is not None else ""
         lines.append(
             f"predicted {s.num_voxels / 1e6:.1f} Mvox in {s.num_blocks} blocks{more} in {s.seconds:.2f} s "
@@ -176,7 +181,7 @@ class PredictionSummary:
             "block": list(self.plan.block_shape), "halo": list(self.plan.halo), "batch_size": self.batch_size,
             **({k: v for k, v in self.halo.as_dict().items() if k != "halo"} if self.halo is not None else {}),
             "precision": self.precision or None, "precision_note": self.precision_note or None,
-            "backend": self.backend or None,
+            "backend": self.backend or None, "peak_rss_bytes": self.peak_rss_bytes,
             "output_dtype": self.output_dtype,
             "chosen": None if self.defaults is None else str(self.defaults),
             "stages_s": {name: round(getattr(s, f"{name}_s"), 3) for name in ("read", "transfer", "compute", "write")},
@@ -270,7 +275,8 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
                                pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time,
                                plane=p.model.plane, precision=p.cfg.precision, precision_note=p.precision_note,
                                halo=p.layout.halo,
-                               backend=p.predictor.backend_note if not summary.workers else p.backend)
+                               backend=p.predictor.backend_note if not summary.workers else p.backend,
+                               peak_rss_bytes=_peak_rss_bytes())
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
@@ -442,3 +448,12 @@ def _run_on_dask(job: Job, todo, cluster: "Cluster", retries: int, no_worker_tim
     result = run_distributed(job, todo, cluster, retries=retries, no_worker_timeout=no_worker_timeout,
                              on_progress=on_progress, on_dashboard=dashboard)
     return result.stats, result.workers
+
+
+def _peak_rss_bytes() -> int | None:
+    """This process's peak resident memory so far (Linux reports kibibytes), None where it cannot be read."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
