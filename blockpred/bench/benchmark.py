@@ -186,17 +186,18 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
     difference from torch at fp32; None: the backend the run would choose.
     """
     from ..models import load_model
-    from ..models.planes import check_halo, default_halo
+    from ..models.planes import check_halo, stack_axis
     from ..models.tta import with_tta
     from ..pipeline import resolve_device
-    from ..run.choose import DEFAULT_BLOCK, DEFAULT_HALO
+    from ..run.choose import DEFAULT_BLOCK
+    from ..run.halo import fallback_halo
     from ..tuning.network import probe_network
 
     target = resolve_device(device)
     loaded = load_model(model, weights=weights)  # once: each predictor casts its own copy to its precision
     given = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
     halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else
-                                           DEFAULT_HALO if loaded.plane is None else default_halo(loaded.plane))
+                                           fallback_halo(stack_axis(loaded.plane) if loaded.plane else None))
     if loaded.plane is not None and halo is not None:
         check_halo(halo_, loaded.plane, loaded.name)
     in_channels = loaded.in_channels or 1

@@ -33,8 +33,6 @@ from ..geometry import Coord
 PLANES = ("yx", "zy", "zx")
 #: The spatial axis (0 z, 1 y, 2 x) the planes of each orientation are stacked along.
 _STACK = {"yx": 0, "zy": 2, "zx": 1}
-#: Halo (rows, cols) of a 'same' 2D network that states none (as blockpred's 3D default, 8).
-DEFAULT_HALO_2D = (8, 8)
 #: Start block of a 2D network that names none: planes deep, rows, cols.  One plane of 512^2: its halo
 #: is paid in two axes only, so a wide plane wastes little (a halo of 16: 1.13x the voxels at 512^2, 1.27x
 #: at 256^2); the batch is then the planes per network call, and the measured defaults and --batch-size
@@ -142,11 +140,6 @@ def as_planes(loaded, plane: str | None):
         default_halo=lifted("default_halo", 0),
         receptive_radius=lifted("receptive_radius", 0),
     )
-
-
-def default_halo(plane: str) -> Coord:
-    """The halo of a 2D network that states none."""
-    return lift(DEFAULT_HALO_2D, plane, 0)
 
 
 def check_halo(halo: Coord, plane: str, name: str) -> None:

@@ -11,7 +11,6 @@ chosen block (:mod:`blockpred.tuning.network`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -27,7 +26,7 @@ from ..geometry import Coord
 from ..io import VolumePath, supports_sharding
 from ..models.bioimageio import STATISTICS_KEY
 from ..models.field import NetworkField, network_field, stated_field
-from ..models.planes import default_halo, stack_axis
+from ..models.planes import stack_axis
 from ..pipeline import DeviceSteps, Predictor, is_out_of_memory, resolve_device
 from ..pipeline.backends import openvino_available
 from ..pipeline.blocking import BlockPlan, blocks_per_axis, plan_blocks
@@ -55,8 +54,6 @@ logger = logging.getLogger(__name__)
 OPENVINO_TRIAL_S = 1.5
 #: Block core when neither the options nor the model say (rounded to the downsampling).
 DEFAULT_BLOCK = Coord((64, 64, 64))
-#: Halo for a 'same' network that states none.
-DEFAULT_HALO = Coord((8, 8, 8))
 #: Start block of a network that reads no halo and no context (pointwise: a copy, a threshold, a stand-in):
 #: no block wastes any halo, so the larger block pays its per-block costs (reads, writes, markers) 16x less
 #: often (the copy network's command: 64^3 ran at 0.6 of this block's Mvox/s).
@@ -153,7 +150,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                                  plane_axis=plane_axis)
     else:
         halo_choice = choose_halo(named=cfg.halo, model_halo=model.default_halo, field=field,
-                                  downsampling=downsampling, plane_axis=plane_axis)
+                                  downsampling=downsampling, plane_axis=plane_axis, valid=model.padding == "valid")
     probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken())
     auto_block = cfg.block == "auto"
     start_block = resume_block if cfg.block in ("auto", None) and resume_block is not None else (
@@ -169,13 +166,10 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                              shards=cfg.shards, can_shard=supports_sharding(target_path), target=str(target_path))
 
     output = None if searching else layout_for(block)
-    halo_defaulted = halo_choice.source == "fallback" and field is None and resume_halo is None
+    # Nothing measured or stated: the fallback halo (none for a network that says it is valid), which the dry run
+    # drops below where it shows a valid network the model did not announce.
+    halo_defaulted = halo_choice.source in ("fallback", "valid") and field is None and resume_halo is None
     halo = halo_choice.halo
-    if halo_defaulted:  # nothing measured: blockpred's old default, 8 (a 2D network's within its planes)
-        halo = DEFAULT_HALO if model.plane is None else default_halo(model.plane)
-        if model.padding == "valid":
-            halo = Coord((0, 0, 0))  # a valid network reads its own context; no extra halo by default
-        halo_choice = dataclasses.replace(halo_choice, halo=halo)
     # Check block, halo, chunks and ROI before the (possibly slow) dry run.
     plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
                 downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)

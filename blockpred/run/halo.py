@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from ..geometry import Coord
 from ..models.field import NetworkField
 
-__all__ = ["FALLBACK_HALO", "LARGEST_SIDE", "LARGEST_SIDE_2D", "MAX_WASTE", "HaloChoice", "choose_halo", "waste",
-           "grow_start_block"]
+__all__ = ["FALLBACK_HALO", "LARGEST_SIDE", "LARGEST_SIDE_2D", "MAX_WASTE", "HaloChoice", "choose_halo",
+           "fallback_halo", "grow_start_block", "waste"]
 
 #: Input voxels per output voxel a measured default halo may cost at the largest block.
 MAX_WASTE = 4.0
@@ -32,7 +32,8 @@ MAX_WASTE = 4.0
 LARGEST_SIDE = 256
 #: ... and the widest plane of a 2D one.
 LARGEST_SIDE_2D = 1024
-#: The halo of a network whose field is not known (per axis, rounded up to the downsampling).
+#: The halo of a network whose field is not known (per axis; 0 across a 2D network's planes): blockpred's default
+#: before fields were measured, rounded up to the downsampling where the grid was found.
 FALLBACK_HALO = 8
 #: A start block grows until its halo costs at most this factor per axis (1.5: 3.4x in 3D at worst).
 START_WASTE_PER_AXIS = 1.5
@@ -120,18 +121,25 @@ class HaloChoice:
         }
 
 
+def fallback_halo(plane_axis: int | None = None, downsampling: Coord | None = None) -> Coord:
+    """:data:`FALLBACK_HALO` on every axis but a 2D network's stacking axis, rounded up to ``downsampling``."""
+    step = downsampling if downsampling is not None else Coord((1, 1, 1))
+    return Coord(0 if axis == plane_axis else -(-FALLBACK_HALO // d) * d for axis, d in enumerate(step))
+
+
 def choose_halo(*, named: Coord | None, model_halo: Coord | None, field: NetworkField | None,
-                downsampling: Coord, plane_axis: int | None = None) -> HaloChoice:
-    """The halo of a run (see the module docstring)."""
+                downsampling: Coord, plane_axis: int | None = None, valid: bool = False) -> HaloChoice:
+    """The halo of a run (see the module docstring).  ``valid``: the model says it is a valid network (it reads
+    its own context), which counts where its field was not found."""
     exact = field.exact_halo if field is not None else None
     if named is not None:
         return HaloChoice(named, "named", field, exact, plane_axis=plane_axis)
     if model_halo is not None:
         return HaloChoice(model_halo, "model", field, exact, plane_axis=plane_axis)
-    if field is not None and any(field.grid.context):
+    if (field is not None and any(field.grid.context)) or (field is None and valid):
         return HaloChoice(Coord((0, 0, 0)), "valid", field, Coord((0, 0, 0)), plane_axis=plane_axis)
-    if exact is None:
-        halo = Coord(0 if axis == plane_axis else -(-FALLBACK_HALO // d) * d for axis, d in enumerate(downsampling))
+    if exact is None:  # the grid's rounding only where the grid was found (an unfound one keeps the plain 8)
+        halo = fallback_halo(plane_axis, downsampling if field is not None else None)
         return HaloChoice(halo, "fallback", field, None, plane_axis=plane_axis)
     halo = _affordable(exact, downsampling, plane_axis)
     return HaloChoice(halo, "field", field, exact, capped=halo != exact, plane_axis=plane_axis)
