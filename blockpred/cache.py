@@ -9,6 +9,7 @@ logs a warning and never stops a run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -45,3 +46,8 @@ class JsonFile:
             os.replace(tmp, self.path)
         except OSError as err:  # a read-only home must not stop a run
             logger.warning("could not cache %s in %s: %s", what, self.path, err)
+
+
+def digest(key) -> str:
+    """A short name for a cache key (any JSON-able value): the first 32 hex digits of its sorted JSON's sha256."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]

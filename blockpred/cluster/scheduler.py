@@ -42,6 +42,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -385,8 +386,9 @@ class _WorkerCount:
         return self._count
 
 
-def run_on_a_worker(scheduler_address: str, function: Callable, *args, wait_s: float = 60.0):
-    """``function(*args)`` run on one worker of the cluster at ``scheduler_address``; its result."""
+@contextlib.contextmanager
+def client_with_workers(scheduler_address: str, wait_s: float = 60.0):
+    """A client of the cluster at ``scheduler_address`` once a worker has joined it (one line after ``wait_s``)."""
     from distributed import Client
 
     quiet_dask()
@@ -397,6 +399,12 @@ def run_on_a_worker(scheduler_address: str, function: Callable, *args, wait_s: f
             raise InvalidOptionError(
                 f"no dask worker joined {scheduler_address} within {wait_s:.0f} s; start the workers first"
             ) from None
+        yield client
+
+
+def run_on_a_worker(scheduler_address: str, function: Callable, *args, wait_s: float = 60.0):
+    """``function(*args)`` run on one worker of the cluster at ``scheduler_address``; its result."""
+    with client_with_workers(scheduler_address, wait_s) as client:
         return client.submit(function, *args, pure=False).result()
 
 

@@ -15,8 +15,6 @@ that passes no gradient, a layer that refuses float64) keeps the reason.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..cache import JsonFile, default_cache_dir
+from ..cache import JsonFile, default_cache_dir, digest
 from ..geometry import Coord
 from .discover import Grid, find_grid
 from .receptive import UnboundedField, block_normalisations, field_radius
@@ -121,7 +119,7 @@ class FieldCache:
         self._file = JsonFile(self.path)
 
     def get(self, key: dict) -> NetworkField | None:
-        entry = self._file.read().get(_digest(key))
+        entry = self._file.read().get(digest(key))
         try:
             grid = Grid(Coord(entry["downsampling"]), Coord(entry["min_shape"]), Coord(entry["base"]),
                         Coord(entry["context"]), how=tuple(entry["how"]))
@@ -133,17 +131,13 @@ class FieldCache:
     def put(self, key: dict, field: NetworkField) -> None:
         entries = self._file.read()
         grid = field.grid
-        entries[_digest(key)] = {
+        entries[digest(key)] = {
             "key": key, "downsampling": list(grid.downsampling), "min_shape": list(grid.min_shape),
             "base": list(grid.base), "context": list(grid.context), "how": list(grid.how),
             "radius": None if field.radius is None else list(field.radius), "note": field.note,
             "seconds": round(field.seconds, 3),
         }
         self._file.write(entries, "the network's receptive field")
-
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def stated_field(downsampling: Coord, radius: Coord) -> NetworkField:

@@ -34,8 +34,6 @@ gives (a float32 ``(B, C, Z, Y, X)`` tensor on the CPU).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 from pathlib import Path
@@ -43,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cache import default_cache_dir
+from ..cache import default_cache_dir, digest
 from ..errors import InvalidOptionError
 
 logger = logging.getLogger(__name__)
@@ -250,5 +248,4 @@ def _cache_path(key: dict, in_channels: int) -> Path:
 
     full = {"version": CACHE_VERSION, "network": key, "in_channels": int(in_channels), "torch": torch.__version__,
             "openvino": ov.__version__}
-    digest = hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:32]
-    return default_cache_dir() / "openvino" / f"{digest}.xml"
+    return default_cache_dir() / "openvino" / f"{digest(full)}.xml"

@@ -238,18 +238,9 @@ def compute_plane_statistics(processing: Processing, source, *, axis: int, first
 
 def _on_workers(scheduler: str, source_path, processing: Processing, given, axis: int,
                 slabs: list[tuple[int, int]], wait_s: float = 60.0) -> list[list[dict]]:
-    from ..cluster.distributed_setup import import_distributed, quiet_dask
+    from ..cluster.scheduler import client_with_workers
 
-    import_distributed()
-    from distributed import Client
-
-    quiet_dask()
-    with Client(scheduler) as client:
-        try:
-            client.wait_for_workers(1, timeout=wait_s)
-        except TimeoutError:
-            raise InvalidOptionError(
-                f"no dask worker joined {scheduler} within {wait_s:.0f} s; start the workers first") from None
+    with client_with_workers(scheduler, wait_s) as client:
         futures = [client.submit(_slab_rows_at, source_path, processing, dict(given), axis, begin, end, pure=False)
                    for begin, end in slabs]
         return client.gather(futures)

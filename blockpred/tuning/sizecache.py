@@ -5,7 +5,6 @@ Only the first run on a machine pays for the trials of :mod:`blockpred.tuning.au
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..cache import JsonFile, default_cache_dir
+from ..cache import JsonFile, default_cache_dir, digest
 from ..geometry import Coord
 from ..pipeline import Predictor
 from .sizing import SizeProblem, Trial
@@ -52,7 +51,7 @@ class SizeCache:
 
     def get_entry(self, key: dict, problem: SizeProblem) -> CachedSizes | None:
         """The cached search that serves ``problem``."""
-        for entry in self._entries().get(_digest(key), []):
+        for entry in self._entries().get(digest(key), []):
             try:
                 trials = [Trial(Coord(t["block"]), int(t["batch_size"]), str(t["outcome"]),
                                 float(t["mvox_per_s"]), float(t["seconds_per_pass"])) for t in entry["trials"]]
@@ -71,7 +70,7 @@ class SizeCache:
         capped = any(b == m for t in trials for b, m in zip(t.block, problem.max_block))
         entry = {"max_block": list(problem.max_block), "capped": capped, "key": key, "complete": complete,
                  "checks": checks, "trials": [_trial_json(t) for t in trials]}
-        entries[_digest(key)] = [entry] + [e for e in entries.get(_digest(key), [])
+        entries[digest(key)] = [entry] + [e for e in entries.get(digest(key), [])
                                            if e.get("max_block") != entry["max_block"]][:7]
         self._file.write(entries, "the block size trials")
 
@@ -99,10 +98,6 @@ def cache_key(model_key: dict, predictor: Predictor, problem: SizeProblem, budge
     if quick:
         key["search"] = "quick"
     return key
-
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def _problem_json(problem: SizeProblem) -> dict:
