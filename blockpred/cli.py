@@ -271,9 +271,8 @@ def _check_model(args: argparse.Namespace) -> int:
     from .errors import PackageTestFailedError
     from .models import load_model
     from .models.check import check_model
-    from .models.field import network_field, stated_field
     from .models.planes import stack_axis
-    from .run.choose import model_key_of
+    from .run.choose import network_downsampling, network_field_of
     from .run.halo import choose_halo
 
     kwargs = parse_model_kwargs(args.model_kwargs) if args.model_kwargs else {}
@@ -293,21 +292,21 @@ def _check_model(args: argparse.Namespace) -> int:
         cfg = make_config(model=args.model, weights=args.weights, model_kwargs=kwargs, plane=args.plane)
         in_channels = args.in_channels or loaded.in_channels or 1
         plane_axis = stack_axis(loaded.plane) if loaded.plane is not None else None
-        field = (stated_field(loaded.downsampling, loaded.receptive_radius) if loaded.receptive_radius is not None
-                 else network_field(loaded.module, in_channels, model_key_of(cfg, loaded), plane_axis=plane_axis,
-                                    hint=loaded.downsampling if loaded.downsampling != Coord((1, 1, 1)) else None))
-        halo = choose_halo(named=None, model_halo=loaded.default_halo, field=field, downsampling=field.downsampling,
-                           plane_axis=plane_axis)
+        field = network_field_of(cfg, loaded, in_channels)  # what a run finds (and caches)
+        downsampling = network_downsampling(cfg, loaded, field)
+        halo = choose_halo(named=None, model_halo=loaded.default_halo, field=field, downsampling=downsampling,
+                           plane_axis=plane_axis, valid=loaded.padding == "valid")
         shape = lambda c: "x".join(map(str, c))  # noqa: E731
+        grid = ("the grid was not found (see the line above)" if field is None else
+                f"downsampling {shape(field.downsampling)} ({'/'.join(field.grid.how)}); input sizes "
+                f"{field.grid.sizes_taken()}"
+                + (f"; valid: consumes {shape(field.grid.context)} per side" if any(field.grid.context) else ""))
         lines += [f"network   {'2D on ' + loaded.plane + ' planes' if loaded.plane else '3D'}, {in_channels} input "
-                  f"channel(s); downsampling {shape(field.downsampling)} ({'/'.join(field.grid.how)}); "
-                  f"input sizes {field.grid.sizes_taken()}"
-                  + (f"; valid: consumes {shape(field.grid.context)} per side" if any(field.grid.context) else ""),
-                  f"halo      {halo.note(label='')}"]
+                  f"channel(s); {grid}", f"halo      {halo.note(label='')}"]
         if halo.warning():
             lines.append(f"note      {halo.warning()}")
-        report.update({"plane": loaded.plane, "grid_how": list(field.grid.how),
-                       "sizes": field.grid.sizes_taken(), **halo.as_dict()})
+        report.update({"plane": loaded.plane, "grid_how": None if field is None else list(field.grid.how),
+                       "sizes": None if field is None else field.grid.sizes_taken(), **halo.as_dict()})
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
 

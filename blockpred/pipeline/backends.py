@@ -35,6 +35,7 @@ gives (a float32 ``(B, C, Z, Y, X)`` tensor on the CPU).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -192,7 +193,8 @@ class OpenVINONetwork:
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.stem}.{threading.get_ident()}.xml")
+                # Dask workers may convert at once: each writes its own files and renames them into place.
+                tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.xml")
                 ov.save_model(model, str(tmp), compress_to_fp16=False)
                 tmp.with_suffix(".bin").replace(path.with_suffix(".bin"))
                 tmp.replace(path)

@@ -208,6 +208,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         raise OutputExistsError(f"output {str(target_path)!r} exists; pass --overwrite to replace it, or choose another path")
     if not exists:
         check_place_free(target_path)
+    resumed = previous is not None and not cfg.overwrite  # an earlier run of these settings goes on
     roi = cfg.roi if cfg.roi is not None else source.box
     if roi.empty or not source.box.contains(roi):
         raise InvalidOptionError(f"ROI {roi} must be a non-empty box inside the volume {source.box}")
@@ -228,14 +229,14 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         check_hdf5_writers(target_path, cfg.jobs or 1 if cfg.cluster is not None
                            else len(local_worker_envs(cfg.device, cfg.workers)))
     if on_paths_checked is not None:
-        on_paths_checked(previous if previous is not None and not cfg.overwrite else None)
+        on_paths_checked(previous if resumed else None)
     mask = (Mask.open(parse_volume_path(cfg.mask, cfg.storage_options), source.spatial_shape)
             if cfg.mask is not None else None)
     device = _client_device(cfg)
     if is_package(cfg.model):  # bioimage.io: normalisation none, the volume's statistics for every worker
         from .package_stats import configure_run
 
-        cfg = configure_run(cfg, source, previous if not cfg.overwrite else None, source_path, plan_only=not measure)
+        cfg = configure_run(cfg, source, previous if resumed else None, source_path, plan_only=not measure)
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
     model = spec.load()
     in_channels = source.num_channels or 1
@@ -272,13 +273,12 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         precision_note = str(check)
 
     resume_block = resume_halo = None
-    if previous is not None and not cfg.overwrite and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
+    if resumed and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
-    if previous is not None and not cfg.overwrite and cfg.halo is None and previous.fingerprint.get("halo"):
+    if resumed and cfg.halo is None and previous.fingerprint.get("halo"):
         resume_halo = Coord(previous.fingerprint["halo"])  # ... and the halo
     # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
-    finished = previous.finished() if previous is not None and not cfg.overwrite else None
-    resumed_run = previous is not None and not cfg.overwrite  # its halo was said when it started
+    finished = previous.finished() if resumed else None
     todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
     if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
@@ -290,7 +290,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
     plan, geometry, output = layout.plan, layout.geometry, layout.output
     step = block_step(layout.downsampling, cfg.output_chunks, cfg.shards)
-    warnings = [layout.halo.warning() if layout.halo is not None and not resumed_run else "",
+    warnings = [layout.halo.warning() if layout.halo is not None and not resumed else "",  # said at its start
                 small_block_warning(plan, step),
                 _slow_precision_warning(cfg.precision, device), _long_run_warning(layout.defaults, device)]
     for warning in filter(None, warnings):
@@ -306,7 +306,6 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         planes_along=getattr(model.module, "planes_along", None),  # a 2D package's per-plane statistics
     )
     fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
-    resumed = previous is not None and not cfg.overwrite
     if resumed:
         changes = describe_changes(previous.fingerprint, fingerprint)
         if changes:

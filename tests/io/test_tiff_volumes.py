@@ -22,14 +22,21 @@ import blockpred
 from blockpred.cli import main
 from blockpred.errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError
 from blockpred.geometry import Box
-from blockpred.io import (VolumePath, create_volume, move_aside, moved_aside, open_volume, parse_volume_path,
-                          remove_volume, volume_exists)
+from blockpred.io import (
+    VolumePath,
+    create_volume,
+    move_aside,
+    moved_aside,
+    open_volume,
+    parse_volume_path,
+    remove_volume,
+    volume_exists,
+)
 from blockpred.run.prepare import check_output_path
-from tests.helpers import write_test_volume
+from tests.helpers import REALDATA, write_test_volume
 
 #: The real FIB-SEM volume (uint8 250^3), in ../shared/realdata beside the checkout (see its README).
-FIBSEM = (Path(__file__).resolve().parents[2].parent / "shared" / "realdata" / "fibsem_neuroproof"
-          / "training_sample2_raw_250cube.npz")
+FIBSEM = REALDATA / "fibsem_neuroproof" / "training_sample2_raw_250cube.npz"
 #: z, y, x of the crop every test uses: 16 slices, so a folder has slice_2 and slice_10 (natural order matters).
 CROP = (slice(100, 116), slice(40, 104), slice(120, 184))
 READ_ONLY = "TIFF inputs are read-only; write the output to a .zarr, .n5 or .h5 path"
