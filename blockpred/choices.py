@@ -22,3 +22,8 @@ PYRAMID_METHODS = ("mean", "mode", "stride")
 BATCH_SYSTEMS = ("slurm",)
 #: What a missing input chunk does.
 MISSING_CHUNKS = ("warn", "error")
+
+#: The run's options that take one of a few words (in any case), and those words.
+OPTION_CHOICES = {"compile": COMPILE_MODES, "precision": RUN_PRECISIONS, "backend": RUN_BACKENDS, "pad_mode": PAD_MODES,
+                  "memory_format": MEMORY_FORMATS + ("auto",), "pyramid_method": PYRAMID_METHODS,
+                  "missing_chunks": MISSING_CHUNKS, "cluster": BATCH_SYSTEMS}

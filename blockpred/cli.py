@@ -8,17 +8,16 @@ is written).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from . import __version__
 from .errors import one_line
-from .geometry import Coord
 
 logger = logging.getLogger("blockpred")
 
@@ -230,26 +229,18 @@ def _run(args: argparse.Namespace) -> int:
     from .run.runner import predict
 
     options = {key: getattr(args, key) for key in _RUN_KEYS}
-    summary = predict(args.input, args.output, config=args.config, **options)
-    summary = dataclasses.replace(summary, start_time=_process_start_time(summary.start_time))
-    print(json.dumps(summary.as_dict()) if args.json else summary)
+    summary = predict(args.input, args.output, config=args.config, start_time=_process_start_time(None), **options)
+    _say(json.dumps({"ok": True, **summary.as_dict()}) if args.json else summary)
     return 0
 
 
-def _record_bench(args: argparse.Namespace, best, pipeline) -> None:
-    """The measured throughput, for `blockpred plan`: end to end when --pipeline ran, else model only."""
-    from .models import load_model
-    from .run.plan import ThroughputLog
-    from .tuning.autosize import model_key
-
-    loaded = load_model(args.model, weights=args.weights)
-    key = model_key(loaded.name, loaded.weights_sha256, {})
-    if pipeline is not None:
-        ThroughputLog().put(key, best.precision, pipeline.mvox_per_s / max(1, pipeline.workers),
-                            "blockpred bench --pipeline, per worker", best.device)
-    else:
-        ThroughputLog().put(key, best.precision, best.output_mvox_per_s,
-                            f"blockpred bench, model only at block {'x'.join(map(str, best.block))}", best.device)
+def _say(text) -> None:
+    """``text`` on standard output, if there still is one: a closed one (``>&-``) or a reader gone (``| head``)
+    takes nothing, and the work done stands."""
+    try:
+        print(text, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: a closed file
+        sys.stdout = None
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -328,109 +319,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import json
+    from .bench.command import bench_command
 
-    from .bench import benchmark
-    from .bench.metrics import (
-        extrapolate,
-        format_extrapolation,
-        halo_overhead,
-        parse_size,
-    )
-    from .config import parse_shape
-    from .errors import InvalidOptionError
-
-    if args.plot:
-        benchmark.check_plot()  # now, not after minutes of measuring
-
-    def numbers(text: str, name: str, kind=int) -> list:
-        try:
-            values = [kind(v) for v in str(text).split(",") if v.strip()]
-        except ValueError:
-            values = []
-        if not values or any(v <= 0 for v in values):
-            raise InvalidOptionError(f"{name} must be a comma-separated list of positive numbers, got {text!r}")
-        return values
-
-    precisions = [p.strip() for p in args.precision.split(",")]
-    from .config import PRECISIONS
-
-    if any(p not in PRECISIONS for p in precisions):
-        raise InvalidOptionError(f"precisions must be among {', '.join(PRECISIONS)}, got {args.precision!r}")
-    report: dict = {"environment": benchmark.environment(), "results": [], "extrapolation": []}
-    mvox, overhead = args.assume_mvox_per_s, None
-    results, pipeline, training = [], None, None
-    say = lambda text: print(f"{text} ...", file=sys.stderr, flush=True)  # noqa: E731
-    if mvox is None:
-        block = None
-        if args.block:
-            block = "auto" if args.block.strip().lower() == "auto" else parse_shape(args.block, "block")
-        halo = parse_shape(args.halo, "halo") if args.halo else None
-        batch_sizes = (None if args.batch_size is None else ["auto"] if args.batch_size.strip().lower() == "auto"
-                       else numbers(args.batch_size, "--batch-size"))
-        results = benchmark.run(
-            model=args.model, weights=args.weights, block=block, halo=halo,
-            batch_sizes=None if batch_sizes is None else tuple(batch_sizes), precisions=tuple(precisions),
-            device=args.device, warmup=args.warmup, iterations=args.iterations, compile=args.compile,
-            memory_format=args.memory_format, region=parse_shape(args.volume_shape, "volume shape"),
-            progress=lambda text: say(f"measuring {text}"), tta=args.tta,
-            backends=None if not args.backend else tuple(b.strip() for b in args.backend.split(",") if b.strip()))
-        first = results[0]
-        print(f"model {first.model} on {first.device}: block {tuple(first.block)} -> network input "
-              f"{tuple(first.input_shape)}; Mvox/s of output (block) and network-input voxels")
-        print(benchmark.format_table(results))
-        report["results"] = [r.as_dict() for r in results]
-        best = max(results, key=lambda r: r.output_mvox_per_s)
-        mvox, overhead = best.output_mvox_per_s, halo_overhead(Coord(best.block), Coord(best.input_shape))
-        if args.pipeline:
-            import tempfile
-
-            say(f"running the pipeline at {best.precision}, batch {best.batch_size}")
-            with tempfile.TemporaryDirectory(prefix="blockpred-bench-") as workdir:
-                pipeline = benchmark.run_pipeline(
-                    model=args.model, weights=args.weights, block=Coord(best.block), halo=halo,
-                    batch_size=best.batch_size, precision=best.precision, device=args.device, model_only=best,
-                    compile=args.compile, memory_format=args.memory_format,
-                    input_path=args.input, volume_shape=parse_shape(args.volume_shape, "volume shape"),
-                    workdir=workdir, workers=args.workers)
-            p = pipeline
-            print(f"end to end over {'x'.join(map(str, p.volume_shape))} ({p.num_blocks} blocks, {p.workers} worker(s)): "
-                  f"{p.mvox_per_s:.2f} Mvox/s of the volume, pipeline efficiency {p.efficiency:.2f} "
-                  f"(end-to-end / model-only); stage time read {p.read_s:.1f} s, transfer {p.transfer_s:.1f} s, "
-                  f"compute {p.compute_s:.1f} s, write {p.write_s:.1f} s: limited by {p.limiting_stage}; "
-                  f"{p.load.get('label', 'load not sampled')}")
-            report["pipeline"] = p.as_dict()
-        _record_bench(args, best, pipeline)
-        if args.train:
-            from .models import load_model
-            from .pipeline import resolve_device
-
-            say("timing training iterations")
-            loaded = load_model(args.model, weights=args.weights)
-            training = benchmark.measure_training(
-                loaded.module, resolve_device(args.device), in_channels=loaded.in_channels or 1,
-                input_shape=Coord(best.input_shape), batch_size=best.batch_size, precision=best.precision,
-                warmup=1, iterations=max(2, args.iterations // 2))
-            print(f"training (forward, loss, backward, Adam step), batch {training.batch_size}, input "
-                  f"{tuple(training.input_shape)}: {training.iterations_per_minute:.1f} iterations/min, "
-                  f"{training.hours_per_100k:.1f} h per 100k iterations")
-            report["training"] = training.as_dict()
-    if args.extrapolate:
-        datasets = [parse_size(s) for s in args.extrapolate.split(",")]
-        rows = extrapolate(datasets, numbers(args.gpus, "--gpus"), mvox)
-        print(format_extrapolation(rows, mvox, 1.0, overhead, None if not results else best.device))
-        report["extrapolation"] = [{"dataset": r.dataset.name, "voxels": r.dataset.voxels, "gpus": r.gpus,
-                                    "hours": r.hours, "days": r.days, "mvox_per_s_per_gpu": mvox} for r in rows]
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
-    if args.plot and results:
-        benchmark.plot(results, args.plot)
-        print(f"wrote {args.plot}")
-    if args.markdown:
-        Path(args.markdown).write_text(benchmark.format_markdown(results, pipeline, training, report["environment"]))
-        print(f"wrote {args.markdown}")
-    return 0
+    return bench_command(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,12 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - every error is one line (with --debug, its traceback)
         if args.debug:
             raise
-        print(f"blockpred: error: {one_line(err)}", file=sys.stderr)
-        return getattr(err, "exit_code", 1)
-    except KeyboardInterrupt:  # Ctrl-C: the workers of a local cluster never see it (see blockpred.cluster.nanny)
+        return _failed(args, one_line(err), getattr(err, "exit_code", 1))
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: a local cluster's workers never see them (cluster.nanny)
         resume = "; finished blocks are kept: run the same command again to resume" if args.command == "run" else ""
-        print(f"blockpred: interrupted{resume}", file=sys.stderr)
-        return 130
+        return _failed(args, f"{str(err) or 'interrupted'}{resume}", 128 + getattr(err, "signal_number", 2), "")
+
+
+def _failed(args: argparse.Namespace, line: str, code: int, kind: str = "error: ") -> int:
+    """The failure in one line on stderr, and with ``--json`` as JSON on standard output; the exit code."""
+    print(f"blockpred: {kind}{line}", file=sys.stderr)
+    if getattr(args, "json", None) is True:  # run's and check-model's flag (bench's --json names a file)
+        _say(json.dumps({"ok": False, "error": line, "exit_code": code}))
+    return code
 
 
 def console() -> int:
@@ -465,10 +362,41 @@ def console() -> int:
     from .pipeline.hostmem import keep_freed_memory
 
     keep_freed_memory()  # before any large array: see blockpred.pipeline.hostmem
+    signal.signal(signal.SIGTERM, _terminate)  # SLURM, Kubernetes and kill send it first: ended as Ctrl-C is
     code = main()
-    sys.stdout.flush()
+    if sys.stdout is not None:
+        try:
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):
+            sys.stdout = None
     gc.freeze()
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        _exit_now(code)
     return code
+
+
+def _exit_now(code: int) -> None:
+    """End an interrupted command at once.  A network pass on the CPU runs on a worker thread of
+    :mod:`concurrent.futures` (see :meth:`blockpred.pipeline.infer.Predictor.submit`), which the interpreter joins
+    at exit: a dry run or a block of minutes kept the process alive after its "interrupted" line.  atexit's
+    handlers still run (an object store's buffered done marks are written), then the process ends."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _terminate(signum, frame) -> None:
+    from .errors import Terminated
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
 
 
 def _process_start_time(fallback: float | None) -> float | None:

@@ -18,18 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .choices import (  # noqa: F401
-    BATCH_SYSTEMS,
-    COMPILE_MODES,
-    MEMORY_FORMATS,
-    MISSING_CHUNKS,
-    PAD_MODES,
-    PRECISIONS,
-    PYRAMID_METHODS,
-    RUN_BACKENDS,
-    RUN_PRECISIONS,
-    SHARD_CHOICES,
-)
+from .choices import MEMORY_FORMATS, OPTION_CHOICES, PRECISIONS, SHARD_CHOICES  # noqa: F401
 from .errors import InputNotFoundError, InvalidOptionError
 from .geometry import Box, Coord
 from .io.stores import StorageOptions
@@ -241,13 +230,16 @@ def _count(value: Any, name: str, *, least: int, what: str) -> int:
 
 def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     """One of ``choices``, in any case (``"Flips"`` is ``flips``); anything else is refused in one line."""
-    if str(value).lower() not in choices:
+    word = str(value).strip().lower()
+    if word not in choices:
         raise InvalidOptionError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    return str(value).lower()
+    return word
 
 
-def _positive_int(value: Any, name: str) -> int:
-    return _count(value, name, least=1, what="positive integer")
+#: Options that are whole numbers: the least and what the number is.
+_COUNTS = {**dict.fromkeys(("batch_size", "num_readers", "num_writers", "prefetch", "workers", "jobs", "cores"),
+                           (1, "positive integer")), "retries": (0, "non-negative integer"),
+           "pyramid": (0, "non-negative number of levels"), "gpus_per_job": (0, "non-negative number of GPUs")}
 
 
 def _boolean(value: Any, name: str) -> bool:
@@ -265,19 +257,33 @@ def _boolean(value: Any, name: str) -> bool:
     raise InvalidOptionError(f"{name} must be true or false, got {value!r} ({kind}); {fix}")
 
 
-def _normalise(name: str, value: Any) -> Any:
-    """One option's raw value (from YAML, CLI or Python) in its canonical type."""
+#: Options that are text, and what it is.  YAML reads ``progress_json: 5`` as a number and ``walltime: 1:00:00`` as
+#: 3600 (seconds, in base 60): made into text, they wrote a file named 5 and asked for 3600 minutes.
+_TEXT = {**dict.fromkeys(("weights", "mask", "jobqueue_config", "progress_json"), "a path"), "scheduler": "an address",
+         "partition": "a name", "account": "a name", "walltime": "a time limit", "memory": "a size"}
+
+
+def _text(value: Any, name: str, where: str) -> str:
+    """Text as it is (or a ``PathLike``'s), not empty; anything else is refused, never made into text."""
+    value, what = (os.fspath(value) if isinstance(value, os.PathLike) else value), _TEXT[name]
+    if isinstance(value, str) and value.strip():
+        return value
+    kind = type(value).__name__
+    found = "an empty string" if isinstance(value, str) else f"{value!r} (a{'n' * (kind[0] in 'aeiou')} {kind})"
+    fix = ("; leave it out for the default" if isinstance(value, str) else
+           '; quote it: walltime: "4:00:00" (YAML reads an unquoted 4:00:00 as 14400 s)' if name == "walltime" else
+           f'; write {name}: "{value}" if you mean {"a file named" if what == "a path" else "the text"} {value}'
+           if type(value) in (int, float) else "")
+    raise InvalidOptionError(f"{name}{where} must be {what} (text), got {found}{fix}")
+
+
+def _normalise(name: str, value: Any, where: str = "") -> Any:
+    """One option's raw value (from YAML, CLI or Python) in its canonical type; ``where`` (`` in 'run.yaml'``)
+    names the config file it comes from, if it does."""
     if name in ("block", "batch_size") and isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    if name == "compile":
-        if str(value).lower() not in COMPILE_MODES:
-            raise InvalidOptionError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {value!r}")
-        return str(value).lower()
-    if name == "memory_format":
-        if str(value).lower() not in MEMORY_FORMATS + ("auto",):
-            raise InvalidOptionError(
-                f"memory_format must be one of {', '.join(MEMORY_FORMATS)} or auto, got {value!r}")
-        return str(value).lower()
+    if name in OPTION_CHOICES:
+        return _choice(value, name, OPTION_CHOICES[name])
     if name == "shards":
         if value is False:
             return "off"  # YAML reads a bare `off` as False
@@ -300,27 +306,8 @@ def _normalise(name: str, value: Any) -> Any:
         return Normalization.parse(value)
     if name == "output_dtype":
         return parse_output_dtype(value)
-    if name == "precision":
-        if str(value) not in RUN_PRECISIONS:
-            raise InvalidOptionError(f"precision must be one of {', '.join(RUN_PRECISIONS)}, got {value!r}")
-        return str(value)
-    if name == "backend":
-        return _choice(value, name, RUN_BACKENDS)
-    if name == "missing_chunks":
-        return _choice(value, name, MISSING_CHUNKS)
-    if name == "pad_mode":
-        if str(value) not in PAD_MODES:
-            raise InvalidOptionError(f"pad_mode must be one of {', '.join(PAD_MODES)}, got {value!r}")
-        return str(value)
-    if name in ("batch_size", "num_readers", "num_writers", "prefetch", "workers", "jobs", "cores"):
-        return _positive_int(value, name)
-    if name == "pyramid":
-        return _count(value, name, least=0, what="non-negative number of levels")
-    if name == "pyramid_method":
-        method = str(value).strip().lower()
-        if method not in PYRAMID_METHODS:
-            raise InvalidOptionError(f"pyramid method must be one of {', '.join(PYRAMID_METHODS)}, got {value!r}")
-        return method
+    if name in _COUNTS:
+        return _count(value, name, least=_COUNTS[name][0], what=_COUNTS[name][1])
     if name == "tta":
         from .models.tta import TTA_MODES
 
@@ -329,8 +316,6 @@ def _normalise(name: str, value: Any) -> Any:
         from .models.planes import PLANES
 
         return None if value is None else _choice(value, name, PLANES)
-    if name == "gpus_per_job":
-        return _count(value, name, least=0, what="non-negative number of GPUs")
     if name == "no_worker_timeout":
         try:
             seconds = float(value) if not isinstance(value, (bool, np.bool_)) else math.nan
@@ -339,17 +324,18 @@ def _normalise(name: str, value: Any) -> Any:
         if not seconds > 0 or math.isinf(seconds):
             raise InvalidOptionError(f"no_worker_timeout must be a positive number of seconds, got {value!r}")
         return seconds
-    if name == "cluster":
-        return _choice(value, name, BATCH_SYSTEMS)
-    if name == "retries":
-        return _count(value, name, least=0, what="non-negative integer")
     if name == "channels":
         items = value.split(",") if isinstance(value, str) else value
         try:
-            return tuple(_whole(v) for v in items)
+            channels = tuple(_whole(v) for v in items)
         except (TypeError, ValueError) as err:
             raise InvalidOptionError(
                 f"channels must be a list of channel indices, got {value!r}{_reason(err)}") from None
+        twice = sorted({c for c in channels if channels.count(c) > 1})
+        if twice:
+            raise InvalidOptionError(f"channels must name each channel once, got {value!r} (channel "
+                                     f"{', '.join(map(str, twice))} more than once)")
+        return channels
     if name == "model_kwargs":
         if isinstance(value, str):
             return parse_model_kwargs(value)
@@ -365,16 +351,15 @@ def _normalise(name: str, value: Any) -> Any:
             return float(str(value))
         except ValueError:
             raise InvalidOptionError(f"pad_value must be a number, got {value!r}") from None
-    if name == "compression":
+    if name in ("compression", "device"):  # a device may be a torch.device
         return str(value).lower()
     if name == "model":
         # A name or path; the Python API also takes a torch.nn.Module as it is.
         return str(value) if isinstance(value, (str, os.PathLike)) else value
     if name == "storage_options":
         return StorageOptions.parse(value)
-    if name in ("weights", "device", "scheduler", "mask", "partition", "account", "walltime", "memory",
-                "jobqueue_config", "progress_json"):
-        return str(value)
+    if name in _TEXT:
+        return _text(value, name, where)
     return value
 
 
@@ -427,7 +412,7 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     """The options of a YAML file (keys as in :class:`RunConfig`; ``-`` may stand for ``_``).
 
     A bare name that is no file here (``tiny``, ``cremi2018.yaml``) names a config shipped with
-    blockpred, so ``--config tiny`` works from any directory.
+    blockpred, so ``--config tiny`` works from any directory.  The files it names are found beside it.
     """
     path = Path(path)
     if not path.is_file() and path.parent == Path(".") and path.stem in shipped_configs():
@@ -443,7 +428,31 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
         raise InvalidOptionError(f"config file {str(path)!r} is not valid YAML{where}") from None
     if not isinstance(raw, Mapping):
         raise InvalidOptionError(f"config file {str(path)!r} must hold a mapping of options, found {type(raw).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in raw.items()}
+    options = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    return {k: _beside(path.parent, k, v) if k in _READ_FILES else v for k, v in options.items()}
+
+
+#: Options of a config file that name a file to read: a relative one is found beside the config file (they travel
+#: together).  ``progress_json`` is written where the run is (a shipped config writes nothing into blockpred).
+_READ_FILES = ("model", "weights", "mask", "jobqueue_config")
+#: Endings of a model file or bioimage.io package: a ``model`` with one (or with a ``/``) is a path.
+_MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".onnx", ".yaml", ".yml", ".zip")
+
+
+def _beside(folder: Path, name: str, value: Any) -> Any:
+    """``value`` of option ``name`` in a config file in ``folder``, a relative path made one from ``folder``.  A
+    ``model`` is a path when it looks like one, or names something in ``folder`` and no preset; else it is a preset
+    or ``package.module:factory`` and stays (see :func:`blockpred.models.loading.model_kind`)."""
+    if (not isinstance(value, str) or not value.strip() or folder == Path(".") or os.path.isabs(value)
+            or value.startswith("~") or "://" in value):
+        return value
+    if name == "model" and "/" not in value and not value.lower().endswith(_MODEL_SUFFIXES):
+        if not os.path.exists(os.path.join(folder, value)):
+            return value
+        from .models.presets import PRESETS  # torch: only for a file named like a model
+
+        return value if value in PRESETS else os.path.join(folder, value)
+    return os.path.join(folder, value)
 
 
 def make_config(config_file: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
@@ -467,7 +476,8 @@ def make_config(config_file: str | os.PathLike | None = None, **overrides: Any) 
             f"config file {str(config_file)!r} sets trust_pickle, which lets a model file run Python code; trust "
             f"cannot come from a config file: remove it, and pass --trust-pickle on the command line "
             f"(trust_pickle=True to predict) if you trust the model")
-    cfg = RunConfig(**{k: _normalise(k, v) for k, v in values.items() if v is not None})
+    where = {k: f" in {str(config_file)!r}" for k in from_file if k not in given}
+    cfg = RunConfig(**{k: _normalise(k, v, where.get(k, "")) for k, v in values.items() if v is not None})
     if "model" in from_file and "model" not in given and not cfg.trust_pickle:
         _check_trust(config_file, cfg.model)
     return cfg

@@ -177,6 +177,16 @@ class NoWorkersError(ClusterError):
     """A dask run had no worker for its ``no_worker_timeout``: finished blocks are kept, the same command resumes."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what SLURM, Kubernetes and ``kill`` send first), raised in the main thread as Ctrl-C is: the
+    run ends the same way -- its cluster closed, its lock released, its end event written, one line."""
+
+    signal_number = 15
+
+    def __init__(self, message: str = "terminated (SIGTERM)"):
+        super().__init__(message)
+
+
 def one_line(err: BaseException) -> str:
     """An error as the one line the user sees: blockpred's own say what to do; others are named, with the cure."""
     if isinstance(err, BlockpredError):

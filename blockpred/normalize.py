@@ -5,8 +5,10 @@ Normalisation (``--normalize``):
 * ``auto`` (default): integer dtypes are scaled to [0, 1] by the dtype's
   maximum (uint8 / 255, uint16 / 65535, int16 / 32767 ...); floats pass unchanged.
 * ``none``: values are cast to float32 unchanged.
-* ``minmax:LO,HI``: ``(x - LO) / (HI - LO)``.
-* ``meanstd:M,S``: ``(x - M) / S``.
+* ``minmax:LO,HI``: ``(x - LO) / (HI - LO)``, finite numbers with LO < HI.
+* ``meanstd:M,S``: ``(x - M) / S``, finite numbers with S > 0.
+
+Anything else (``meanstd:nan,1``, ``minmax:3,3``) is refused: it would make every voxel NaN.
 
 Output conversion (``--output-dtype``): ``float32`` and ``float16`` keep the
 network's values; ``uint8`` maps [0, 1] to 0-255 (clipped, rounded), which
@@ -15,6 +17,7 @@ suits probabilities and affinities.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +30,21 @@ class Normalization:
     kind: str  # "auto" | "none" | "minmax" | "meanstd"
     a: float = 0.0
     b: float = 1.0
+
+    def __post_init__(self) -> None:
+        """Refuse numbers that would make every voxel NaN or infinite: a run would go on and write only NaN."""
+        if self.kind == "minmax" and not (math.isfinite(self.a) and math.isfinite(self.b) and self.a < self.b):
+            raise InvalidOptionError(f"normalize {self} must be minmax:LO,HI with finite numbers and LO < HI, "
+                                     f"got LO={self.a:g}, HI={self.b:g}")
+        if self.kind == "meanstd" and not (math.isfinite(self.a) and math.isfinite(self.b) and self.b > 0):
+            raise InvalidOptionError(f"normalize {self} must be meanstd:MEAN,STD with finite numbers and STD > 0, "
+                                     f"got MEAN={self.a:g}, STD={self.b:g}")
+        if self.kind in ("minmax", "meanstd"):
+            scale, offset = self.scale_offset(np.dtype(np.float32))
+            with np.errstate(over="ignore"):
+                if not (np.isfinite(np.float32(scale)) and np.isfinite(np.float32(offset)) and np.float32(scale)):
+                    raise InvalidOptionError(f"normalize {self} scales by {scale:g} and shifts by {offset:g}, "
+                                             f"beyond float32 (the input is normalised in float32)")
 
     @classmethod
     def parse(cls, text: "str | Normalization") -> "Normalization":
@@ -43,11 +61,7 @@ class Normalization:
                 raise InvalidOptionError(
                     f"normalisation {text!r} needs two numbers: {kind}:{'LO,HI' if kind == 'minmax' else 'MEAN,STD'}"
                 ) from None
-            if kind == "minmax" and b == a:
-                raise InvalidOptionError(f"normalisation {text!r} needs HI != LO")
-            if kind == "meanstd" and b <= 0:
-                raise InvalidOptionError(f"normalisation {text!r} needs a positive standard deviation")
-            return cls(kind, a, b)
+            return cls(kind, a, b)  # checked by __post_init__
         raise InvalidOptionError(
             f"normalisation must be auto, none, minmax:LO,HI or meanstd:MEAN,STD, got {text!r}"
         )

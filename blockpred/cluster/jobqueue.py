@@ -176,16 +176,9 @@ def _make_cluster(settings: JobSettings, job_name: str, silence_logs: int, crede
     Every setting is passed explicitly, so the jobs submitted later (replacements) are made the same way
     whatever dask's global configuration is by then.
     """
-    import dask
-
     SLURMCluster = import_jobqueue(settings.system).SLURMCluster
     key = f"jobqueue.{settings.system}"
-    configured = dict(dask.config.get(key, {}) or {})
-    if settings.config_file is not None:
-        configured = dask.config.merge(configured, _config_file(settings.config_file, settings.system))
-    kwargs = {name.replace("-", "_"): value for name, value in configured.items()
-              if value is not None and name != "name"}  # the job name is the run's own
-    kwargs.update(settings.options)
+    kwargs = _configured(settings)
     if kwargs.get("cores") is None or kwargs.get("memory") is None:
         raise InvalidOptionError(
             f"--cluster {settings.system} needs each job's cores and memory: pass --cores N --memory 16GB, or set "
@@ -242,6 +235,32 @@ def import_jobqueue(system: str = "slurm"):
             finally:
                 signal.signal = install
     return sys.modules["dask_jobqueue"]
+
+
+def _configured(settings: JobSettings) -> dict:
+    """The cluster's arguments from dask-jobqueue's configuration, the config file and the options given."""
+    import dask
+
+    configured = dict(dask.config.get(f"jobqueue.{settings.system}", {}) or {})
+    if settings.config_file is not None:
+        configured = dask.config.merge(configured, _config_file(settings.config_file, settings.system))
+    kwargs = {name.replace("-", "_"): value for name, value in configured.items()
+              if value is not None and name != "name"}  # the job name is the run's own
+    kwargs.update(settings.options)
+    return kwargs
+
+
+def written_folders(settings: JobSettings) -> list[tuple[str, str]]:
+    """The folders a batch cluster writes in, named as the user sets them: its TLS credentials' and its logs'.
+
+    Checked against the input and the output before anything starts (:func:`blockpred.io.identity.refuse_inside`).
+    """
+    kwargs = _configured(settings)
+    folders = [(f"jobqueue.{settings.system}.shared-temp-directory (the TLS credentials' folder)",
+                str(kwargs.get("shared_temp_directory") or os.getcwd()))]
+    if kwargs.get("log_directory"):
+        folders.append((f"jobqueue.{settings.system}.log-directory (the jobs' logs)", str(kwargs["log_directory"])))
+    return folders
 
 
 def _config_file(path: str, system: str) -> dict:

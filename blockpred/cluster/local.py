@@ -3,8 +3,10 @@
 * **Local.** By default a local cluster with one worker process per device:
   every visible GPU (each worker sees only its own, through
   ``CUDA_VISIBLE_DEVICES``), or ``num_workers`` CPU workers; dask-cuda's
-  ``LocalCUDACluster`` when installed.  With ``scheduler_address`` the run
-  joins an existing cluster instead.
+  ``LocalCUDACluster`` when installed.  More workers than GPUs (or, on the
+  CPU, than cores) are refused before anything starts.  With
+  ``scheduler_address`` the run joins an existing cluster instead, once its
+  address has passed :mod:`.address`'s checks.
 * **Batch jobs.** With ``jobs`` (``--cluster slurm``) the workers are jobs
   of a batch system, submitted and replaced by :mod:`blockpred.cluster.jobqueue`.
 * **In this process** when there is one CPU worker (the default without a
@@ -13,9 +15,11 @@
   thread: ``predict`` starts it as soon as the paths have passed their
   checks, so the workers' start-up (spawning, their own imports of torch and
   blockpred, warmed by :func:`_warm`) runs while the client loads the model
-  and does its dry run.  :meth:`Cluster.client` waits for it;
-  :meth:`Cluster.close` stops what was started, also when the run never used
-  it (a later check failed).
+  and does its dry run.  What can be refused is refused first, in the
+  caller's thread (a malformed scheduler address, more workers than
+  devices), so nothing has started when the one line comes.
+  :meth:`Cluster.client` waits for the start; :meth:`Cluster.close` stops
+  what was started, also when the run never used it (a later check failed).
 * **Spawned cleanly.** While a local cluster lives, the caller's ``__main__``
   is hidden from multiprocessing (:func:`without_main_reimport`), so a plain
   script without a ``__main__`` guard works.
@@ -41,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..errors import ClusterError, InvalidOptionError
+from .address import check_scheduler_address, connect
 from .distributed_setup import dask_log_level, import_distributed, quiet_dask  # noqa: F401
 
 if TYPE_CHECKING:
@@ -59,28 +64,33 @@ class Cluster:
 
     def __init__(self, device: str, num_workers: int | None, scheduler_address: str | None,
                  jobs: "JobSettings | None" = None):
+        # Refused here, before anything starts: an address that is not one, more workers than devices.
+        if scheduler_address is not None:
+            check_scheduler_address(scheduler_address)
+        envs = local_worker_envs(device, num_workers) if scheduler_address is None and jobs is None else None
         self.scheduler_address = scheduler_address
         self._hidden = contextlib.ExitStack()
-        if scheduler_address is None and jobs is None:
+        if envs is not None:
             self._hidden.enter_context(without_main_reimport())  # spawned workers do not run the caller's script
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="blockpred-cluster")
-        self._started = self._pool.submit(self._connect, device, num_workers, scheduler_address, jobs)
-        self._batch = jobs is not None
+        self._started = self._pool.submit(self._connect, envs, scheduler_address, jobs)
+        self._waited = jobs is not None or scheduler_address is not None
 
     def check(self) -> None:
         """Raise now what the start raised, before anything is written: a batch cluster's start (its settings,
-        ``sbatch --test-only``, the submission; not the jobs' start) is waited for, a local one's only if done."""
-        if self._batch or self._started.done():
+        ``sbatch --test-only``, the submission; not the jobs' start) and a joined scheduler's first handshake
+        (see :mod:`.address`) are waited for, a local cluster's start only if done."""
+        if self._waited or self._started.done():
             self._started.result()
 
     @staticmethod
-    def _connect(device: str, num_workers: int | None, scheduler_address: str | None, jobs: "JobSettings | None"):
+    def _connect(envs: list[dict[str, str]] | None, scheduler_address: str | None, jobs: "JobSettings | None"):
         import_distributed()
         from distributed import Client
 
         quiet_dask()
         if scheduler_address is not None:
-            return None, Client(scheduler_address), None
+            return None, connect(scheduler_address), None
         if jobs is not None:
             from .jobqueue import BatchCluster
 
@@ -90,7 +100,6 @@ class Cluster:
             except BaseException:
                 cluster.close()
                 raise
-        envs = local_worker_envs(device, num_workers)
         try:
             cluster = _start_local_cluster(envs)
         except Exception as err:  # a worker that kept dying while starting, or no port to listen on
@@ -151,23 +160,53 @@ def local_worker_envs(device: str, num_workers: int | None) -> list[dict[str, st
 
     A CPU run (``cpu``, or ``auto`` where NVML finds no GPU) decides without
     importing torch, so a cluster started early does not wait for that import.
+    ``num_workers`` beyond what the machine holds is refused (:class:`InvalidOptionError`):
+    more than the visible GPUs for a GPU run (each worker owns one), more than
+    the cores this process may use for a CPU run (each worker is a process
+    that imports torch; more than one a core only share the cores).
     """
-    cpu_envs = [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(num_workers or 1)]
     if device == "cpu" or (device == "auto" and not _nvml_sees_a_gpu()):
-        return cpu_envs
+        return _cpu_envs(num_workers)
     import torch
 
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if wants_cuda:
-        if not torch.cuda.is_available():
-            raise InvalidOptionError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-        if ":" in device:
-            gpus = [gpus[int(device.split(":")[1])]]
-        count = num_workers or len(gpus)
-        return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(count)]
-    return cpu_envs
+    if not wants_cuda:
+        return _cpu_envs(num_workers)
+    if not torch.cuda.is_available():
+        raise InvalidOptionError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if ":" in device:
+        index = device.split(":", 1)[1]
+        if not index.isdigit() or int(index) >= len(gpus):
+            raise InvalidOptionError(f"device {device!r} asked for, but {len(gpus)} CUDA device(s) are visible "
+                                     f"(cuda:0 to cuda:{len(gpus) - 1})")
+        gpus = [gpus[int(index)]]
+    if num_workers is not None and num_workers > len(gpus):
+        where = f"{len(gpus)} for --device {device}" if ":" in device else f"{len(gpus)} visible"
+        raise InvalidOptionError(
+            f"--workers {num_workers} asks for more local workers than there are GPUs: {where} (each worker owns "
+            f"one GPU); use --workers {len(gpus)} or fewer, or leave --workers out for one worker per GPU")
+    return [{"CUDA_VISIBLE_DEVICES": gpu} for gpu in gpus[:num_workers or len(gpus)]]
+
+
+def _cpu_envs(num_workers: int | None) -> list[dict[str, str]]:
+    """CPU workers: at most one per core this process may run on."""
+    cores = visible_cores()
+    if num_workers is not None and num_workers > cores:
+        raise InvalidOptionError(
+            f"--workers {num_workers} asks for more CPU workers than this machine has cores: {cores} (each worker "
+            f"is a process that imports torch and takes its share of the cores); use --workers {cores} or fewer")
+    return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(num_workers or 1)]
+
+
+def visible_cores() -> int:
+    """The CPU cores this process may run on (its affinity: fewer than the machine's under taskset or a batch
+    job's allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _nvml_sees_a_gpu() -> bool:

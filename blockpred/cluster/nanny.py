@@ -6,11 +6,12 @@
   imports) fails the nanny's start, and with it the whole local cluster.
   :class:`SteadyNanny` starts it again, up to :data:`START_ATTEMPTS` times;
   the run goes on with the other workers meanwhile.
-* **Ctrl-C is the client's.**  A terminal sends SIGINT to every process of
-  the foreground group: to the client and to each worker, which would die
-  with a traceback in the middle of its task (and be restarted by its nanny
-  while the client shuts down).  A worker process starts with SIGINT
-  blocked instead: a thread's signal mask is inherited by the threads it
+* **Ctrl-C and SIGTERM are the client's.**  A terminal sends SIGINT to every
+  process of the foreground group (and a batch system or ``kill -TERM -PGID``
+  SIGTERM): to the client and to each worker, which would die with a
+  traceback in the middle of its task (and be restarted by its nanny while
+  the client shuts down).  A worker process starts with both blocked
+  instead (its nanny stops it by a message, then SIGKILL): a thread's signal mask is inherited by the threads it
   starts and kept across fork and exec, and the nanny spawns its worker from
   a thread it starts in its event loop.  The client, interrupted, closes the
   cluster, and the nannies stop their workers.
@@ -75,7 +76,8 @@ class SteadyNanny(Nanny):
 
 
 def _block_interrupts() -> None:
-    """Block SIGINT in this thread (the nanny's event loop), so the worker processes spawned from it start so.
+    """Block SIGINT and SIGTERM in this thread (the nanny's event loop), so the worker processes spawned from it
+    start so.
 
     multiprocessing's resource tracker unblocks SIGINT in the thread that
     starts it (its own start blocks it for a moment): it is started first.
@@ -87,4 +89,4 @@ def _block_interrupts() -> None:
     if threading.current_thread() is threading.main_thread():
         return
     resource_tracker.ensure_running()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -51,7 +51,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .distributed_setup import import_distributed, quiet_dask
+from .address import connect
+from .distributed_setup import import_distributed
 from .local import WORKER_THREADS, Cluster, check_hdf5_writers
 
 import_distributed()  # never at the same time as a cluster's start thread (see import_distributed)
@@ -388,11 +389,9 @@ class _WorkerCount:
 
 @contextlib.contextmanager
 def client_with_workers(scheduler_address: str, wait_s: float = 60.0):
-    """A client of the cluster at ``scheduler_address`` once a worker has joined it (one line after ``wait_s``)."""
-    from distributed import Client
-
-    quiet_dask()
-    with Client(scheduler_address) as client:
+    """A client of the cluster at ``scheduler_address`` once a worker has joined it (one line after ``wait_s``,
+    and one line at once for an address that is not one or where no scheduler answers: see :mod:`.address`)."""
+    with connect(scheduler_address) as client:
         try:
             client.wait_for_workers(1, timeout=wait_s)
         except TimeoutError:

@@ -29,6 +29,7 @@ from .base import (
     Volume,
     VolumePath,
     check_input_volume,
+    check_storage_options,
     parse_volume_path,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "Volume",
     "VolumePath",
     "check_input_volume",
+    "check_storage_options",
     "move_aside",
     "moved_aside",
     "create_volume",

@@ -29,7 +29,7 @@ import json
 import os
 import re
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -101,6 +101,25 @@ def parse_volume_path(text: str | Path, storage_options=None) -> VolumePath:
     path = _url_path(text, options) if is_url(text) else _local_path(text)
     _check_dataset(path, text)
     return path
+
+
+def check_storage_options(storage_options, *paths: VolumePath | None) -> None:
+    """Refuse storage options when none of ``paths`` (a run's input, output, mask) is on an object store.
+
+    A local path ignores them (see :func:`parse_volume_path`), so options
+    given to a run of local paths only would be dropped unseen: a mistyped
+    ``s3://`` path, or options meant for another run.
+    """
+    options = StorageOptions.parse(storage_options)
+    if options == StorageOptions() or any(path is not None and path.is_remote for path in paths):
+        return
+    given = ", ".join(f"{f.name}={str(value).lower() if isinstance(value, bool) else value}" for f in fields(options)
+                      if (value := getattr(options, f.name)) != f.default)
+    local = ", ".join(repr(str(path)) for path in paths if path is not None)
+    raise InvalidOptionError(
+        f"storage options ({given}) apply to s3:// paths only, but every path of this run is local ({local}); "
+        f"drop --storage-option, or name the s3:// path"
+    )
 
 
 def _check_dataset(path: VolumePath, text: str) -> None:

@@ -108,3 +108,38 @@ def real_name(path: VolumePath) -> str:
     """The path with its links resolved, as text: a resume through another link to the same input is the same run."""
     path = path.absolute()
     return str(VolumePath(path.format, resolved(path.container), path.dataset))
+
+
+def refuse_inside(place: str | os.PathLike, what: str, protected: list[tuple[str, VolumePath | Place | None]]) -> None:
+    """Refuse to write ``place`` (``what`` names it: ``--progress-json``, the cache directory) where it is, or lies
+    inside, one of the ``protected`` volumes' containers (the input, the mask, the output) or places (the output's
+    markers).
+
+    One check for every path blockpred writes besides the output itself, made before anything is opened for
+    writing: the place is resolved through symbolic links and ``..``, and compared by inode with each
+    container and its real parents, so a hard link to an input HDF5 file is that file.
+    """
+    from ..errors import InvalidOptionError
+
+    target = Path(os.path.abspath(place))
+    for role, volume in protected:
+        if volume is None or isinstance(volume, ObjectUrl) or getattr(volume, "is_remote", False):
+            continue
+        container = volume.absolute().container if isinstance(volume, VolumePath) else Path(volume)
+        if within(target, container) or _below_new(target, container):
+            real = os.path.realpath(target)
+            how = "is" if same_file(target, container) else "lies inside"
+            through = (f" (it reaches {real})" if real != str(target) else
+                       " (a hard link to it)" if how == "is" and real != os.path.realpath(container) else "")
+            raise InvalidOptionError(
+                f"{what} {str(place)!r}{through} {how} the {role} {str(volume)!r}: blockpred writes it only "
+                f"outside the input, the mask and the output; choose a place elsewhere"
+            )
+
+
+def _below_new(inner: Path, outer: Path) -> bool:
+    """True when ``outer`` does not exist yet (an output to be made) and ``inner``, resolved, is or lies below it."""
+    if os.path.lexists(outer):
+        return False
+    real, container = os.path.realpath(inner), os.path.realpath(outer)
+    return real == container or real.startswith(container.rstrip(os.sep) + os.sep)

@@ -39,8 +39,9 @@ import numpy as np
 import tensorstore as ts
 
 from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
-from . import stores
+from . import metadata, stores
 from .base import VolumePath, spatial_voxel_size
+from .metadata import N5_FILES, UnreadableMetadataError
 from .stores import ObjectUrl
 from .tensorstore_io import TensorstoreVolume, context, kvstore, open_store
 
@@ -70,10 +71,11 @@ class N5Volume(TensorstoreVolume):
         try:
             on_disk = open_store(_spec(path), writable=self.writable)
         except ValueError as error:
-            raise InvalidVolumeError(
-                f"N5 dataset {str(path)!r} must have valid attributes.json metadata; "
-                f"tensorstore could not open it: {error}"
-            ) from error
+            if "attributes.json" not in str(error):
+                raise InvalidVolumeError(f"tensorstore could not open the N5 dataset {str(path)!r}: "
+                                         f"{str(error).split(' [tensorstore_spec=', 1)[0]}") from error
+            problem, fix = metadata.tensorstore_problem(error)
+            raise metadata.metadata_error(str(path), _directory(path) / "attributes.json", problem, fix) from error
         # (x, y, z[, c]) on disk -> ([c,] z, y, x) for everyone else.
         self._store = on_disk.T
         self.shape = tuple(int(n) for n in self._store.shape)
@@ -91,19 +93,29 @@ def open_volume(path: VolumePath, mode: str = "r") -> N5Volume:
 
 
 def volume_exists(path: VolumePath) -> bool:
-    """True when ``path`` is an N5 dataset (its attributes.json has ``dimensions``)."""
-    return _is_dataset(_directory(path))
+    """True when ``path`` is an N5 dataset (its attributes.json has ``dimensions``), or a node whose
+    attributes.json is damaged and that holds no other (``overwrite`` replaces it)."""
+    try:
+        return _is_dataset(_directory(path))
+    except UnreadableMetadataError:
+        return metadata.other_nodes(_directory(path), N5_FILES) == []
 
 
 def check_removable(path: VolumePath) -> bool:
-    """True when ``path`` holds a dataset :func:`remove_volume` would remove; a group is refused."""
+    """True when ``path`` holds a dataset :func:`remove_volume` would remove; a group is refused, and so is a
+    node whose attributes.json is damaged unless it holds no other."""
     directory = _directory(path)
-    if path.is_remote:
-        if _read_attributes(directory) is None:
+    try:
+        if path.is_remote:
+            if _read_attributes(directory) is None:
+                return False
+        elif not directory.exists():
             return False
-    elif not directory.exists():
-        return False
-    if not _is_dataset(directory):
+        dataset = _is_dataset(directory)
+    except UnreadableMetadataError as error:
+        metadata.check_removable(str(path), directory, error, N5_FILES, "N5")
+        return True
+    if not dataset:
         raise InvalidOptionError(
             f"{str(path)!r} is an N5 group, not a dataset; blockpred removes one dataset at a time, "
             f"name one of: {_list_datasets(directory)}"
@@ -170,18 +182,11 @@ def _directory(path: VolumePath) -> Path | ObjectUrl:
 
 
 def _read_attributes(directory: Path | ObjectUrl) -> dict | None:
-    if isinstance(directory, ObjectUrl):
-        raw = stores.read_bytes(directory / "attributes.json")
-        try:
-            attributes = None if raw is None else json.loads(raw)
-        except ValueError:
-            return None
-        return attributes if isinstance(attributes, dict) else None
-    try:
-        attributes = json.loads((directory / "attributes.json").read_text())
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return attributes if isinstance(attributes, dict) else None
+    """``directory``'s attributes.json, None when there is none; raises :class:`UnreadableMetadataError` for one
+    that is no JSON object."""
+    file = directory / "attributes.json"
+    raw = metadata.read(file)
+    return None if raw is None else metadata.parse_object(raw, str(directory), file)
 
 
 def _is_dataset(directory: Path) -> bool:
@@ -199,7 +204,7 @@ def _dataset_attributes(path: VolumePath) -> dict:
         where = f"dataset {path.dataset!r} in {str(path.container)!r}" if path.dataset else f"dataset at {str(path)!r}"
         raise InputNotFoundError(f"no {where}; it has: {_list_datasets(path.container)}")
     if "blockSize" not in attributes:
-        raise InvalidVolumeError(f"N5 dataset {str(path)!r} must have a blockSize in attributes.json; it has none")
+        raise metadata.metadata_error(str(path), _directory(path) / "attributes.json", "lacks the key 'blockSize'")
     return attributes
 
 
@@ -235,8 +240,16 @@ def _list_datasets(container: Path | ObjectUrl, max_depth: int = 4) -> list[str]
     found: list[str] = []
 
     def walk(directory: Path, depth: int) -> None:
-        if _is_dataset(directory):
-            found.append(os.path.relpath(directory, container).replace(os.sep, "/"))
+        name = os.path.relpath(directory, container).replace(os.sep, "/")
+        try:
+            dataset = _is_dataset(directory)
+        except UnreadableMetadataError:  # named, not fatal; below a damaged container's root, the search goes on
+            if depth:
+                found.append(f"{name} (unreadable attributes.json)")
+                return
+            dataset = False
+        if dataset:
+            found.append(name)
             return
         if depth >= max_depth:
             return

@@ -35,7 +35,6 @@ of an object store lists every chunk below it.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -47,14 +46,16 @@ import zarr.errors
 from zarr.storage import LocalStore
 
 from ..errors import (
+    BlockpredError,
     InputNotFoundError,
     InvalidOptionError,
     InvalidVolumeError,
     OutputExistsError,
 )
 from ..geometry import Coord
-from . import kvzarr, stores
+from . import kvzarr, metadata, stores
 from .base import Volume, VolumePath, spatial_voxel_size
+from .metadata import PARSE_ERRORS, UnreadableMetadataError
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
 from .tensorstore_io import TensorstoreVolume, kvstore, open_store
 
@@ -133,10 +134,14 @@ def _no_container(path: VolumePath) -> bool:
 
 
 def volume_exists(path: VolumePath) -> bool:
-    """True when ``path`` holds an array or an OME-NGFF image group."""
+    """True when ``path`` holds an array or an OME-NGFF image group, or a node with damaged metadata that holds
+    no other (:func:`open_volume` says what is wrong with it; ``overwrite`` replaces it)."""
     if _no_container(path):
         return False
-    node = _node(_store(path, read_only=True), path.dataset)
+    try:
+        node = _node(_store(path, read_only=True), path.dataset)
+    except UnreadableMetadataError:
+        return metadata.other_nodes(_directory(path)) == []
     return node is not None and (isinstance(node, zarr.Array) or _is_image(node))
 
 
@@ -144,20 +149,34 @@ def check_removable(path: VolumePath) -> bool:
     """True when ``path`` holds an array or OME-NGFF image that :func:`remove_volume` would remove.
 
     False when nothing is there; a plain group holding arrays is refused,
-    since removing it would remove several datasets.
+    since removing it would remove several datasets, and so is a node whose
+    metadata is damaged unless it holds no other (see
+    :func:`~blockpred.io.metadata.other_nodes`).
     """
     if _no_container(path):
         return False
     store = _store(path)
-    node = _node(store, path.dataset)
+    try:
+        node = _node(store, path.dataset)
+    except UnreadableMetadataError as error:
+        metadata.check_removable(str(path), _directory(path), error)
+        return True
     if node is None:
         return False
-    if isinstance(node, zarr.Group) and not _is_image(node) and any(True for _ in node.members()):
+    if isinstance(node, zarr.Group) and not _is_image(node) and _has_members(node):
         raise InvalidOptionError(
             f"{str(path)!r} is a zarr group holding {_list_volumes(store, path.dataset)}; "
             f"blockpred removes one array or OME-NGFF image at a time, name one of them"
         )
     return True
+
+
+def _has_members(group: zarr.Group) -> bool:
+    """True when ``group`` holds anything (a member whose metadata is damaged counts)."""
+    try:
+        return any(True for _ in group.members())
+    except PARSE_ERRORS:
+        return True
 
 
 def remove_volume(path: VolumePath) -> None:
@@ -258,22 +277,47 @@ def _container_format(path: VolumePath) -> int | None:
     if path.is_remote:
         if any(stores.read_bytes(path.container / name) is not None for name in (".zgroup", ".zarray")):
             return 2
-        root_metadata = stores.read_bytes(path.container / "zarr.json")
-        return None if root_metadata is None else int(json.loads(root_metadata).get("zarr_format", 3))
-    if (path.container / ".zgroup").exists() or (path.container / ".zarray").exists():
+    elif (path.container / ".zgroup").exists() or (path.container / ".zarray").exists():
         return 2
     root = path.container / "zarr.json"
-    if root.exists():
-        return int(json.loads(root.read_text()).get("zarr_format", 3))
-    return None
+    raw = metadata.read(root)
+    if raw is None:
+        return None
+    try:
+        value = metadata.parse_object(raw, str(path.container), root).get("zarr_format", 3)
+        if value != 3:
+            raise metadata.metadata_error(str(path.container), root, f"says zarr_format {value!r}, not 3")
+    except UnreadableMetadataError:
+        if path.dataset:
+            raise
+        return None  # the root is the volume at the path, damaged: nothing to keep (an overwrite replaces it)
+    return value
 
 
 def _node(store, dataset: str) -> zarr.Array | zarr.Group | None:
-    """The array or group at ``dataset``, or None when there is neither."""
+    """The array or group at ``dataset``, or None when there is neither.
+
+    Metadata that does not parse (not JSON, wrong contents, a codec not
+    installed) raises :class:`UnreadableMetadataError`, naming the file.
+    """
     try:
         return zarr.open(store=store, path=dataset, mode="r" if store.read_only else "r+")
     except _NOT_FOUND:
         return None
+    except BlockpredError:
+        raise
+    except PARSE_ERRORS as error:
+        root = store.root if isinstance(store, LocalStore) else store.url
+        directory = root / dataset if dataset else root
+        found = metadata.unreadable(str(directory), directory, error)
+        if found is None:
+            raise
+        raise found from error
+
+
+def _directory(path: VolumePath):
+    """The directory (or object-store prefix) of the node at ``path``."""
+    return path.container / path.dataset if path.dataset else path.container
 
 
 def _is_image(group: zarr.Group) -> bool:
@@ -327,19 +371,26 @@ def _list_volumes(store, under: str = "") -> list[str] | str:
         return "(not listed on an object store; list it with your S3 client)"
     found: list[str] = []
 
-    def walk(group: zarr.Group) -> None:
-        for _, node in sorted(group.members(), key=lambda item: item[0]):
-            name = node.path
-            if isinstance(node, zarr.Array) or _is_image(node):
-                found.append(name)
-            else:
-                walk(node)
+    def walk(under: str) -> None:  # one node at a time, so that one with damaged metadata is named, not fatal
+        directory = store.root / under if under else store.root
+        for name in sorted(p.name for p in directory.iterdir() if p.is_dir()):
+            path = f"{under}/{name}" if under else name
+            try:
+                node = _node(store, path)
+            except UnreadableMetadataError as error:
+                found.append(f"{path} (unreadable {error.file.name})")
+                continue
+            if isinstance(node, zarr.Array) or (node is not None and _is_image(node)):
+                found.append(path)
+            elif node is not None:
+                walk(path)
 
     try:
-        node = zarr.open_group(store=store, path=under, mode="r")
-    except (*_NOT_FOUND, zarr.errors.ContainsArrayError, ValueError):
-        return found
-    walk(node)
+        is_group = isinstance(_node(store, under), zarr.Group)
+    except UnreadableMetadataError:
+        is_group = True  # a group whose own metadata is damaged may still hold readable nodes
+    if is_group:
+        walk(under)
     return found
 
 

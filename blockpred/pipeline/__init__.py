@@ -8,7 +8,8 @@
   crops and converts there, and brings the stored values back.
 * :mod:`.backoff` shrinks batch and block after an out-of-memory error.
 * :mod:`.writer` writes finished blocks from a bounded pool.
-* :mod:`.worker` connects them over a list of blocks.
+* :mod:`.worker` connects them over a list of blocks; :mod:`.interrupts`
+  makes a Ctrl-C in the main thread act between blocks, never inside a lock.
 * :mod:`.stream` keeps one such pipeline open and runs each caller's blocks on
   it (a dask worker's tasks), so it does not drain between callers.
 * :mod:`.job` is what a worker runs (a :class:`~.job.Job`: the network, the

@@ -47,7 +47,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import zarr
@@ -318,14 +318,39 @@ class DoneMarkers:
                 found.extend(self.grid_begin + Coord((int(rel[0]), int(rel[1]), int(f))) for f in files if f.isdigit())
         return found
 
-    def masked(self) -> np.ndarray:
-        """The boolean grid of blocks the run's mask leaves out (all False without a mask)."""
+    def _masked_array(self):
+        """The ``masked`` array (one byte per block), None when the run had no mask (or it left nothing out)."""
         if self.remote:
             if stores.read_bytes(self.path / "masked" / "zarr.json") is None:
-                return np.zeros(tuple(self.grid_shape), dtype=bool)
+                return None
         elif not (self.path / "masked" / "zarr.json").is_file():
-            return np.zeros(tuple(self.grid_shape), dtype=bool)
-        return zarr.open_array(_zarr_location(self.path / "masked", read_only=True), mode="r")[...].astype(bool)
+            return None
+        return zarr.open_array(_zarr_location(self.path / "masked", read_only=True), mode="r")
+
+    def masked(self) -> np.ndarray:
+        """The boolean grid of blocks the run's mask leaves out (all False without a mask)."""
+        array = self._masked_array()
+        return np.zeros(tuple(self.grid_shape), dtype=bool) if array is None else array[...].astype(bool)
+
+    def masked_slabs(self, max_bytes: int = 64 << 20) -> Iterator[tuple[int, np.ndarray]]:
+        """The blocks the run's mask leaves out, as (first z row, boolean slab of whole z rows of the grid), about
+        ``max_bytes`` at a time; nothing without a mask."""
+        array = self._masked_array()
+        if array is None:
+            return
+        chunk = array.chunks[0]  # whole chunks per slab: each is read once
+        rows = max(1, max_bytes // max(1, int(self.grid_shape[1] * self.grid_shape[2])) // chunk) * chunk
+        for z0 in range(0, self.grid_shape[0], rows):
+            yield z0, array[z0:z0 + rows] != 0
+
+    def finished_ids(self) -> np.ndarray:
+        """The ids of the blocks marked done or skipped, sorted, each once.  A block the mask left out is never
+        run, so never among them: finished blocks are these and :meth:`masked_slabs`' (no value per block)."""
+        return np.unique(np.concatenate([self._ids("done"), self._ids("skipped")]))
+
+    def num_finished(self) -> int:
+        """Blocks done, skipped or masked out, counted without a value per block (but the mask's bytes, in slabs)."""
+        return len(self.finished_ids()) + sum(int(slab.sum()) for _, slab in self.masked_slabs())
 
     def _grid(self, *names: str) -> np.ndarray:
         grid = np.zeros(self.grid_shape.prod(), dtype=bool)
@@ -335,11 +360,15 @@ class DoneMarkers:
 
     def finished(self) -> np.ndarray:
         """The boolean grid of finished blocks: done, skipped or masked."""
-        return self._grid("done", "skipped") | self.masked()
+        grid = self._grid("done", "skipped")
+        for z0, slab in self.masked_slabs():
+            grid[z0:z0 + len(slab)] |= slab
+        return grid
 
     def todo_ids(self) -> np.ndarray:
-        """The ids of the blocks not finished, in C order over the grid."""
-        return np.flatnonzero(~self.finished().reshape(-1))
+        """The ids of the blocks not finished, in C order over the grid (one boolean per block on the way)."""
+        todo = self.finished().reshape(-1)
+        return np.flatnonzero(np.logical_not(todo, out=todo))
 
     def _indices(self, grid: np.ndarray) -> set[Coord]:
         return {self.grid_begin + Coord(index) for index in np.argwhere(grid)}

@@ -7,6 +7,8 @@ is submitted before batch n is collected, so on CUDA the copies and the
 network overlap.  Memory is bounded by ``(prefetch + 2 x batch_size)`` raw
 input blocks plus ``2 x num_writers`` output blocks, never by the volume.
 Out-of-memory errors shrink the batch, then the block (see :mod:`.backoff`).
+Ctrl-C (or SIGTERM) in the main thread stops the loop between blocks (see
+:mod:`.interrupts`); what is on the device and being written is finished.
 
 Silent wrong values are counted in :class:`RunStats`: NaN and inf among the
 network's values for the written voxels (before the conversion to the output
@@ -36,6 +38,7 @@ from ..normalize import Normalization
 from .backoff import Backoff, is_out_of_memory, split_core
 from .blocking import Block
 from .infer import DeviceSteps, Pending, Predictor
+from .interrupts import deferred_interrupts
 from .padding import read_padded_with_missing, source_indices
 from .prefetch import prefetch
 from .stats import RunStats
@@ -152,20 +155,23 @@ def run_blocks(
     num_planes = None if settings.planes_along is None else source.spatial_shape[settings.planes_along]
     device = _DeviceFeed(predictor, settings, backoff, writer, failed, stats, num_planes)
     reads = prefetch(blocks, read, num_threads=settings.num_readers, depth=settings.prefetch)
-    try:
-        with contextlib.closing(reads):
-            for item in _usable(reads, failed, on_block_skipped, stats):
-                if item is None:  # the source ran dry for now: nothing may wait in a partial batch
+    # Ctrl-C acts between blocks, never inside the locks of the cleanup's waits (see .interrupts).
+    with deferred_interrupts() as interrupts:
+        try:
+            with contextlib.closing(reads):
+                for item in _usable(reads, failed, on_block_skipped, stats):
+                    interrupts.check()
+                    if item is None:  # the source ran dry for now: nothing may wait in a partial batch
+                        device.flush()
+                        continue
+                    device.add(item)
+                    if too_many_failures():
+                        break
+                else:
                     device.flush()
-                    continue
-                device.add(item)
-                if too_many_failures():
-                    break
-            else:
-                device.flush()
-    finally:
-        device.close()
-        writer.close()
+        finally:
+            device.close()
+            writer.close()
     stats.seconds = time.perf_counter() - start
     stats.out_of_memory = backoff.events - events_before
     stats.batch_size, stats.block_parts = backoff.batch_size, backoff.parts

@@ -44,7 +44,7 @@ from ..tuning.defaults import Defaults, measuring_budget
 from ..tuning.memformat import REPEATS as FORMAT_REPEATS
 from ..tuning.memformat import FormatChoice, choose_memory_format
 from ..tuning.network import NetworkGeometry, probe_network
-from .halo import HaloChoice, choose_halo, grow_start_block
+from .halo import HaloChoice, choose_halo, cut_to_volume, grow_start_block
 from .layout import OutputLayout, block_step, choose_layout
 
 logger = logging.getLogger(__name__)
@@ -61,17 +61,48 @@ ZERO_HALO_BLOCK = Coord((64, 256, 256))
 
 
 def _choose_block(config: RunConfig, model_block: Coord | None, downsampling: Coord, roi_shape: Coord,
-                  halo: HaloChoice | None = None) -> Coord:
+                  halo: HaloChoice | None = None, keep: bool = False, smallest: Coord | None = None) -> Coord:
     """The block the options name; else the model's default (or 64^3, grown where a measured halo would
-    cost more than it writes: :func:`blockpred.run.halo.grow_start_block`), no larger than the ROI needs."""
-    if config.block is not None:
-        return config.block
-    block = model_block if model_block is not None else DEFAULT_BLOCK
+    cost more than it writes: :func:`blockpred.run.halo.grow_start_block`); either no larger than the ROI
+    needs (:func:`cut_to_roi`, ``smallest``: see there).  ``keep``: a named block stays as it is (the one the
+    run being resumed started with, or the one input shape a package takes)."""
     step = block_step(downsampling, config.output_chunks, config.shards)
+    if config.block is not None:
+        return config.block if keep else cut_to_roi(config.block, roi_shape, step, smallest, named=True)
+    block = model_block if model_block is not None else DEFAULT_BLOCK
     if model_block is None and halo is not None and halo.source == "field":
         block = grow_start_block(block, halo.halo, step, halo.plane_axis)
-    # A small volume gets one small block rather than one mostly made of padding.
-    return block.minimum(roi_shape).ceil_div(step) * step
+    return cut_to_roi(block, roi_shape, step, smallest)
+
+
+def cut_to_roi(block: Coord, roi_shape: Coord, step: Coord, smallest: Coord | None = None,
+               named: bool = False) -> Coord:
+    """``block`` cut, on the axes where it is longer than the ROI, to the ROI rounded up to ``step`` (the network's
+    downsampling, and the output's chunks and shards): a small volume gets one small block rather than one mostly
+    made of padding, whose dry run alone may take minutes (--block 1024 on a 32x128x128 volume ran the
+    network on 1044^3 voxels).  Never below ``smallest``, the smallest block whose input the network takes
+    (:func:`smallest_block`).  ``named``: the options named it, and one line (logged at INFO) says so.
+    An axis off the grid is left as it is, for :func:`blockpred.pipeline.blocking.check_block_on_grid` to refuse."""
+    least = smallest if smallest is not None else Coord((1, 1, 1))
+    fitted = Coord(-(-max(r, m) // s) * s for r, m, s in zip(roi_shape, least, step))
+    cut = Coord(min(b, f) for b, f in zip(block, fitted))
+    if named and cut != block:
+        logger.info("block %s is larger than the ROI %s: cut to %s", "x".join(map(str, block)),
+                    "x".join(map(str, roi_shape)), "x".join(map(str, cut)))
+    return cut
+
+
+def smallest_block(model, field: NetworkField | None, halo: Coord) -> Coord | None:
+    """The smallest block whose input the network takes: its smallest input (found by dry runs, else stated by a
+    package) less the halo and a valid network's context on each side; None where neither says."""
+    if field is not None:
+        low, context = field.grid.min_shape, field.grid.context
+    else:
+        stated = getattr(model.module, "min_shape", None)
+        if stated is None or len(stated) != 3:
+            return None
+        low, context = Coord(stated), Coord((0, 0, 0))
+    return Coord(max(1, m - 2 * (h + c)) for m, h, c in zip(low, halo, context))
 
 
 def model_key_of(cfg: RunConfig, model) -> dict:
@@ -149,13 +180,17 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         halo_choice = HaloChoice(resume_halo, "named", field, None if field is None else field.exact_halo,
                                  plane_axis=plane_axis)
     else:
-        halo_choice = choose_halo(named=cfg.halo, model_halo=model.default_halo, field=field,
-                                  downsampling=downsampling, plane_axis=plane_axis, valid=model.padding == "valid")
+        halo_choice = cut_to_volume(choose_halo(named=cfg.halo, model_halo=model.default_halo, field=field,
+                                                downsampling=downsampling, plane_axis=plane_axis,
+                                                valid=model.padding == "valid"), source.spatial_shape, downsampling)
     probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken())
     auto_block = cfg.block == "auto"
-    start_block = resume_block if cfg.block in ("auto", None) and resume_block is not None else (
-        None if auto_block else cfg.block)
-    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape, halo_choice)
+    keeps_block = cfg.block in ("auto", None) and resume_block is not None  # a resume keeps its block
+    start_block = resume_block if keeps_block else (None if auto_block else cfg.block)
+    fixed = any(getattr(model.module, "fixed", ()) or ())  # a package of one input shape: its block is that shape
+    smallest = smallest_block(model, field, halo_choice.halo)
+    block = _choose_block(cfg.replace(block=start_block), model.default_block, downsampling, roi.shape, halo_choice,
+                          keep=keeps_block or fixed, smallest=smallest)
     searching = auto_block and resume_block is None
     base_block = block
     if searching:  # the dry run on a small block: the default one may not fit the device
@@ -185,7 +220,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
     if (start_block is None and model.default_block is None and halo == Coord((0, 0, 0))
             and geometry.context == Coord((0, 0, 0)) and not searching):
-        larger = _choose_block(cfg.replace(block=ZERO_HALO_BLOCK), None, downsampling, roi.shape)
+        larger = _choose_block(cfg.replace(block=None), ZERO_HALO_BLOCK, downsampling, roi.shape,
+                               smallest=smallest_block(model, field, halo))
         if larger != block:  # nothing to waste in halos: the block that pays its per-block costs least often
             block = larger
             started = time.perf_counter()

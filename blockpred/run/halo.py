@@ -14,17 +14,27 @@ grid) and a line saying so.
 
 Every choice says where it came from and whether it covers the field
 (:meth:`HaloChoice.note`), for ``plan``, the summary and ``--json``.
+
+A named halo longer than the volume on an axis reads nothing more of it, only
+padding, at a cost that grows with the cube of the halo (``--halo 500`` on a
+32-voxel axis made a dry run of a gigavoxel): :func:`cut_to_volume` cuts it
+where the output stays the same, and refuses it where it may not.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 
+from ..errors import InvalidOptionError
 from ..geometry import Coord
 from ..models.field import NetworkField
 
 __all__ = ["FALLBACK_HALO", "LARGEST_SIDE", "LARGEST_SIDE_2D", "MAX_WASTE", "HaloChoice", "choose_halo",
-           "fallback_halo", "grow_start_block", "waste"]
+           "cut_to_volume", "fallback_halo", "grow_start_block", "waste"]
+
+logger = logging.getLogger(__name__)
 
 #: Input voxels per output voxel a measured default halo may cost at the largest block.
 MAX_WASTE = 4.0
@@ -143,6 +153,42 @@ def choose_halo(*, named: Coord | None, model_halo: Coord | None, field: Network
         return HaloChoice(halo, "fallback", field, None, plane_axis=plane_axis)
     halo = _affordable(exact, downsampling, plane_axis)
     return HaloChoice(halo, "field", field, exact, capped=halo != exact, plane_axis=plane_axis)
+
+
+def cut_to_volume(choice: HaloChoice, volume_shape: Coord, downsampling: Coord) -> HaloChoice:
+    """A named halo cut, on the axes where it is longer than the volume, to the halo that covers the network's
+    receptive field; refused where that may change the output.
+
+    On such an axis every block already reads the whole volume, and the rest is padding, whose values at a
+    place do not depend on the halo (:func:`blockpred.pipeline.padding.source_indices`).  Any halo that covers
+    the network's receptive field gives the same output (to float rounding: the network runs on another input
+    shape), so there it is cut to the one that covers the field (on the same phase of the downsampling grid),
+    with one line.  Where the field is not known, not bounded, or
+    normalised per block, a shorter halo may change the output: one line names the longest halo the volume can
+    use.
+    """
+    halo = choice.halo
+    if choice.source != "named" or all(h <= n for h, n in zip(halo, volume_shape)):
+        return choice
+    field = choice.field
+    if choice.exact is None or field is None or field.normalises_blocks:
+        why = ("the network's receptive field is not measured" if field is None else
+               "the network normalises over each block" if field.normalises_blocks else
+               f"the network's receptive field is {field.note}")
+        raise InvalidOptionError(
+            f"--halo {_flag(halo)} is longer than the volume ({_shape(volume_shape)}) on axis "
+            f"{'zyx'[next(a for a in range(3) if halo[a] > volume_shape[a])]}: blocks would read padding only "
+            f"beyond it, and {why}, so blockpred cannot cut it without changing the output; use --halo "
+            f"{_flag(halo.minimum(volume_shape))} or less"
+        )
+    cut = Coord(h if h <= n or h <= e else e + (h - e) % d
+                for h, n, e, d in zip(halo, volume_shape, choice.exact, downsampling))
+    if cut == halo:  # no longer than the field needs
+        return choice
+    logger.warning("--halo %s is longer than the volume (%s): blocks would read padding only beyond it; using halo "
+                   "%s, which gives the same output (it covers the network's receptive field, %s)", _flag(halo),
+                   _shape(volume_shape), _flag(cut), field.describe())
+    return dataclasses.replace(choice, halo=cut)
 
 
 def waste(block: Coord, halo: Coord) -> float:

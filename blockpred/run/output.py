@@ -15,8 +15,6 @@ import logging
 import os
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import (
     BlockpredError,
     InvalidOptionError,
@@ -34,8 +32,10 @@ from ..io import (
     open_volume,
     remove_volume,
     stores,
+    supports_sharding,
     volume_exists,
 )
+from ..io.metadata import UnreadableMetadataError
 from ..io.stores import ObjectUrl
 from ..pipeline.blocking import BlockPlan
 from ..pipeline.markers import DoneMarkers, markers_path
@@ -66,10 +66,11 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
         if current is None or current.token != p.previous.token:
             raise OutputExistsError(f"output {target!r} changed while this run was starting (another run wrote it); "
                                     f"run the same command again")
-        if not _opens(p.target_path):
+        why = _why_not_open(p.target_path)
+        if why is not None:
             if current.finished().any():
-                raise OutputExistsError(f"output {target!r} cannot be opened, but its markers say blocks of it are "
-                                        f"done; repair it, or pass --overwrite to start again")
+                raise OutputExistsError(f"output {target!r} cannot be opened ({why}), but its markers say blocks of it "
+                                        f"are done; repair it, or pass --overwrite to start again")
             # Killed while it was being created (markers first, then the volume): nothing of it is vouched for.
             logger.warning("output %s was left half-created by a run that was cut short; creating it again", target)
             remove_volume(p.target_path)
@@ -87,7 +88,7 @@ def create_output(p: Prepared, source, owner: str = "") -> DoneMarkers:
     except OSError as err:
         raise output_error(err, "delete the old output", target) from None
     try:
-        markers = DoneMarkers.create(path, plan, p.fingerprint, p.masked)
+        markers = DoneMarkers.create(path, plan, p.fingerprint, p.masked.left_out() if p.masked is not None else None)
         store_with_run(path, cfg.model_kwargs)  # a 2D package's per-plane statistics: read back by a resume
         _create_sink(p, source)
     except Exception as err:
@@ -117,13 +118,15 @@ def _create_sink(p: Prepared, source) -> None:
         raise AssertionError(f"block {tuple(plan.block_shape)} does not tile chunks {sink.chunk_shape} of {p.target_path}")
 
 
-def _opens(target: VolumePath) -> bool:
-    """Whether the volume at ``target`` opens (one being created when its run was killed may not)."""
+def _why_not_open(target: VolumePath) -> str | None:
+    """Why the volume at ``target`` does not open (one being created when its run was killed may not); None if it does."""
     try:
         open_volume(target).close()
-    except (BlockpredError, OSError, ValueError, KeyError):
-        return False
-    return True
+    except UnreadableMetadataError as err:
+        return f"{err.file} {err.problem}"
+    except (BlockpredError, OSError, ValueError, KeyError) as err:
+        return str(err).split("\n", 1)[0]
+    return None
 
 
 def _clear(target: VolumePath, markers: Path | ObjectUrl, exists: bool) -> None:
@@ -165,10 +168,16 @@ def _undo_create(target: VolumePath, markers: Path | ObjectUrl) -> None:
 
 
 def check_place_free(target: VolumePath) -> None:
-    """Nothing but a volume of ours is ever written over: files at the output's place that are no volume stay."""
-    if target.is_remote or target.format == "hdf5":
-        return  # an HDF5 dataset name holds a dataset or nothing here; object stores are checked by their backend
+    """Nothing but a volume of ours is ever written over: files at the output's place that are no volume stay.
+
+    A place under a symbolic link to nothing is refused as well: nothing can be created through it.
+    """
+    if target.is_remote:
+        return  # object stores are checked by their backend
     node = identity.data_node(target)
+    _check_no_dangling_link(target, node)
+    if target.format == "hdf5":
+        return  # an HDF5 dataset name holds a dataset or nothing here
     if node.is_file() or (node.is_dir() and any(node.iterdir())):
         raise OutputExistsError(
             f"output {str(target)!r} holds files that are not a volume blockpred can open ({node}); choose another "
@@ -176,18 +185,25 @@ def check_place_free(target: VolumePath) -> None:
         )
 
 
-def check_inodes(target: VolumePath, plan: BlockPlan, output: OutputLayout, finished: np.ndarray | None) -> None:
-    """A local output needs a file per chunk (or shard) still to write: refuse one the file system cannot hold.
+def _check_no_dangling_link(target: VolumePath, node: Path) -> None:
+    """Refuse an output at (or below) a symbolic link to a place that does not exist: nothing can be made there."""
+    for place in (node, *node.parents):
+        if os.path.islink(place) and not os.path.exists(place):
+            where = "is a symbolic link" if place == node else f"lies under the symbolic link {place}"
+            raise InvalidOptionError(
+                f"output {str(target)!r} {where} to {os.readlink(place)}, a place that does not exist; remove the "
+                f"link, or name the real path"
+            )
 
-    Counted in bulk over the block grid; a file system that reports no inode
-    limit (``f_files`` 0, as btrfs does) is not checked.
+
+def check_inodes(target: VolumePath, plan: BlockPlan, output: OutputLayout, files: int) -> None:
+    """A local output needs a file per chunk (or shard) still to write (``files``, counted by
+    :func:`blockpred.run.plan.count_left`): refuse one the file system cannot hold.
+
+    A file system that reports no inode limit (``f_files`` 0, as btrfs does) is not checked.
     """
     if target.is_remote or target.format == "hdf5":
         return
-    from .plan import count_work
-
-    todo = ~finished if finished is not None else np.ones(tuple(plan.grid_shape), dtype=bool)
-    _, files = count_work(plan, todo, output.write_unit)
     place = identity.resolved(identity.data_node(target))
     while not place.exists() and place != place.parent:
         place = place.parent
@@ -195,6 +211,18 @@ def check_inodes(target: VolumePath, plan: BlockPlan, output: OutputLayout, fini
     if info.f_files > 0 and files > info.f_favail:
         raise InvalidOptionError(
             f"output {str(target)!r} needs {files:,} files (one per {'shard' if output.shards else 'chunk'}) but the "
-            f"file system of {place} has {info.f_favail:,} free inodes; write fewer, larger files (--shards block for "
-            f"a zarr v3 output, or larger --output-chunks), or choose another file system"
+            f"file system of {place} has {info.f_favail:,} free inodes; write fewer, larger files "
+            f"({_fewer_files(target, plan.block_shape, output)}), or choose another file system"
         )
+
+
+def _fewer_files(target: VolumePath, block, output: OutputLayout) -> str:
+    """What writes fewer files: one shard per block where that is not so yet, else larger blocks."""
+    if output.shards is not None and output.shards != block:
+        return "--shards block: one file per block"
+    if output.shards is not None:
+        return "a larger --block: one shard file per block"
+    if supports_sharding(target):
+        return "--shards block: one file per block" if output.chunks != block else \
+            "a larger --block with --shards block: one file per block"
+    return "larger --output-chunks, with a --block they divide; or a zarr v3 output with --shards block"

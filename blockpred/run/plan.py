@@ -2,9 +2,9 @@
 
 A :class:`RunPlan` is made by :func:`blockpred.plan` from the same checks and
 planning as :func:`blockpred.predict` (so a plan that prints is a run that
-starts), and counts in bulk over the block grid -- blocks, masked, already
-done, voxels and output files -- so it prints in seconds for millions of
-blocks.
+starts), and counts blocks, masked, already done, voxels and output files
+without a value per block (:func:`count_left`), so it prints in seconds for
+billions of blocks.
 
 The runtime is ``voxels to predict / (Mvox/s per GPU x GPUs)``.  The
 throughput is ``--assume-mvox-per-s`` when given, else the last one measured
@@ -15,15 +15,21 @@ per worker) or by ``blockpred bench`` (see :class:`ThroughputLog`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..cache import JsonFile, default_cache_dir
 from ..geometry import Coord
 from ..pipeline.blocking import BlockPlan
+
+if TYPE_CHECKING:
+    from ..pipeline.markers import DoneMarkers
+    from .mask import Coverage
 
 #: A run must have taken this long to be remembered as a throughput (start-up is not throughput).
 MIN_RECORDED_S = 2.0
@@ -127,16 +133,62 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def count_work(plan: BlockPlan, todo: np.ndarray, write_unit: Coord) -> tuple[int, int]:
-    """Output voxels and files (chunks or shards) of the blocks ``todo`` (a boolean grid), in bulk."""
+@dataclass(frozen=True)
+class Work:
+    """What a run has left (:func:`count_left`)."""
+
+    num_masked: int
+    #: Blocks finished by an earlier run (done, or skipped as empty).
+    num_done: int
+    #: Output voxels of the blocks still to run, and the chunk files (shard files, when sharded) they write.
+    voxels: int
+    files: int
+
+
+def count_left(plan: BlockPlan, write_unit: Coord, *, masked: Coverage | None = None,
+               previous: DoneMarkers | None = None) -> Work:
+    """The blocks masked out and already done, and the voxels and files of the rest, with no value per block.
+
+    A block's voxels and files are products of its write box's extents (and
+    write units) per axis, so the ROI's are products of sums along each axis.
+    What does not run is taken away: the blocks a new run's mask leaves out, at
+    the mask's resolution (``masked``, see :class:`blockpred.run.mask.Coverage`);
+    for a resumed run (``previous``, its markers) the finished blocks by id and
+    those its mask left out, stored one byte per block, a slab at a time.
+    """
+    sizes, units = _per_axis(plan, write_unit)
+    voxels, files = (math.prod(int(w.sum()) for w in weights) for weights in (sizes, units))
+    if previous is not None:
+        num_masked = 0
+        for z0, slab in previous.masked_slabs():
+            rows = slice(z0, z0 + len(slab))
+            num_masked += int(slab.sum())
+            voxels -= _weigh(slab, sizes, rows)
+            files -= _weigh(slab, units, rows)
+        done = previous.finished_ids()
+        index = np.unravel_index(done, tuple(plan.grid_shape))
+        voxels -= int((sizes[0][index[0]] * sizes[1][index[1]] * sizes[2][index[2]]).sum())
+        files -= int((units[0][index[0]] * units[1][index[1]] * units[2][index[2]]).sum())
+        return Work(num_masked, len(done), voxels, files)
+    if masked is not None:
+        kept = round(masked.weigh(tuple(np.ones(len(w), dtype=np.int64) for w in sizes)))
+        return Work(plan.num_blocks - kept, 0, round(masked.weigh(sizes)), round(masked.weigh(units)))
+    return Work(0, 0, voxels, files)
+
+
+def _weigh(slab: np.ndarray, weights: tuple[np.ndarray, ...], rows: slice) -> int:
+    """The sum over the True blocks of a slab of whole z rows ``rows`` of the product of their ``weights``."""
+    return round(float(np.einsum("ijk,i,j,k->", slab, weights[0][rows], weights[1], weights[2], dtype=np.float64)))
+
+
+def _per_axis(plan: BlockPlan, write_unit: Coord) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Per axis and block along it (int64): its write box's extent, and the write units (files) it touches."""
     sizes, files = [], []
     for axis in range(3):
         begin, end = plan.write_bounds(axis)
         sizes.append(end - begin)
         files.append(-(-end // write_unit[axis]) - begin // write_unit[axis])
-    voxels = np.einsum("ijk,i,j,k->", todo, *sizes, dtype=np.float64)
-    count = np.einsum("ijk,i,j,k->", todo, *files, dtype=np.float64)
-    return int(round(voxels)), int(round(count))
+    return tuple(sizes), tuple(files)
 
 
 class ThroughputLog:
@@ -196,4 +248,4 @@ def _duration(hours: float | None) -> str:
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
 
 
-__all__ = ["RunPlan", "Throughput", "ThroughputLog", "count_work"]
+__all__ = ["RunPlan", "Throughput", "ThroughputLog", "Work", "count_left"]

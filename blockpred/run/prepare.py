@@ -26,6 +26,7 @@ from ..geometry import Box, Coord
 from ..io import (
     VolumePath,
     check_input_volume,
+    check_storage_options,
     identity,
     parse_volume_path,
     volume_exists,
@@ -51,6 +52,7 @@ from .choose import (
 from .layout import OutputLayout, block_step
 from .mask import Mask
 from .output import check_inodes, check_place_free
+from .plan import count_left
 from .prepared import Prepared
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,13 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
     for role, protected in (("input", source), ("mask", mask)):
         if protected is not None:
             _check_apart(protected, target, role)
+    for role, protected in (("input", source), ("mask", mask)):
+        if protected is not None and _made_container_holds(target, protected):
+            raise InvalidOptionError(
+                f"output {str(target)!r} would make {target.container} (the folder {os.path.realpath(target.container)}"
+                f"), which is no {target.format} container, into one, and it holds the {role} {str(protected)!r}; "
+                f"write the output to a new container, or beside the {role} in its own"
+            )
     markers = markers_path(target)
     for role, protected in (("input", source), ("mask", mask)):
         if protected is not None and identity.overlap(identity.data_node(protected), markers):
@@ -98,9 +107,25 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
         link = identity.link_in_the_way(identity.data_node(target))
         if link is not None:
             raise InvalidOptionError(
-                f"output {str(target)!r} is a symbolic link to {os.path.realpath(link)}; --overwrite does not delete "
+                f"output {str(target)!r} is a symbolic link to {os.path.realpath(link)}"
+                f"{'' if os.path.exists(link) else ', which does not exist'}; --overwrite does not delete "
                 f"through links: name the real path, or remove the link"
             )
+
+
+#: The files that make a folder a container of its format (a zarr v3 or v2 group or array, an N5 container).
+_CONTAINER_FILES = {"zarr": ("zarr.json", ".zgroup", ".zarray"), "n5": ("attributes.json",)}
+
+
+def _made_container_holds(target: VolumePath, source: VolumePath) -> bool:
+    """True when the output's container is an existing folder, not yet a container, that holds ``source``:
+    creating the output would write a container's metadata beside the input (a link to its parent folder)."""
+    if target.format not in _CONTAINER_FILES or not target.dataset or target.is_remote:
+        return False
+    container = target.container
+    if not container.is_dir() or any((container / name).exists() for name in _CONTAINER_FILES[target.format]):
+        return False
+    return identity.within(identity.data_node(source), container)
 
 
 def _check_apart(source: VolumePath, target: VolumePath, role: str) -> None:
@@ -177,8 +202,11 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
     source_path = parse_volume_path(input, cfg.storage_options)
     target_path = (parse_volume_path(output, cfg.storage_options) if output is not None
                    else default_output_path(source_path))
-    check_output_path(source_path, target_path, overwrite=cfg.overwrite,
-                      mask=parse_volume_path(cfg.mask, cfg.storage_options) if cfg.mask is not None else None)
+    mask_path = parse_volume_path(cfg.mask, cfg.storage_options) if cfg.mask is not None else None
+    check_storage_options(cfg.storage_options, source_path, target_path, mask_path)
+    check_output_path(source_path, target_path, overwrite=cfg.overwrite, mask=mask_path)
+    check_written_places(cfg, [("input", source_path), ("mask", mask_path), ("output", target_path),
+                               ("output's markers", markers_path(target_path).parent)])
     if target_path.format == "n5" and cfg.output_dtype.name == "float16":
         raise InvalidOptionError("N5 has no float16; use --output-dtype float32 or uint8 for an N5 output")
     if target_path.format == "precomputed":  # one scale, a data type precomputed has
@@ -186,6 +214,29 @@ def resolve_paths(input, output, config, options: dict) -> tuple[RunConfig, Volu
 
         check_output(target_path, cfg.output_dtype)
     return cfg, source_path, target_path
+
+
+def check_written_places(cfg: RunConfig, protected: list[tuple[str, VolumePath | None]]) -> None:
+    """Every place a run writes besides its output is apart from the input, the mask and the output.
+
+    The progress events, the cache directory, and a batch cluster's TLS credentials and logs: each is
+    refused in one line where it is, or lies inside, one of the ``protected`` volumes' containers
+    (:func:`blockpred.io.identity.refuse_inside`), before anything is opened for writing.
+    """
+    from ..cache import default_cache_dir
+    from ..events import check_destination
+
+    places = [("the cache directory ($BLOCKPRED_CACHE_DIR, else $XDG_CACHE_HOME/blockpred)", default_cache_dir())]
+    if isinstance(cfg.progress_json, str) and cfg.progress_json not in ("", "-"):
+        places.append(("--progress-json", cfg.progress_json))
+    settings = job_settings(cfg, 1)
+    if settings is not None:
+        from ..cluster.jobqueue import written_folders
+
+        places += written_folders(settings)
+    for what, place in places:
+        identity.refuse_inside(place, what, protected)
+    check_destination(cfg.progress_json)  # then: a folder, a missing folder, a file that is no progress log
 
 
 def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
@@ -277,9 +328,10 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         resume_block = Coord(previous.fingerprint["block"])  # a resume keeps the block it started with
     if resumed and cfg.halo is None and previous.fingerprint.get("halo"):
         resume_halo = Coord(previous.fingerprint["halo"])  # ... and the halo
-    # A resume: what is finished (read once), so its defaults are measured for what is left (nothing: not at all).
-    finished = previous.finished() if resumed else None
-    todo_share = 1.0 - float(finished.mean()) if finished is not None and finished.size else 1.0
+    # A resume: what is finished (counted, not a value per block), so its defaults are measured for what is left
+    # (nothing: not at all).
+    num_blocks = previous.grid_shape.prod() if resumed else 0
+    todo_share = 1.0 - previous.num_finished() / num_blocks if num_blocks else 1.0
     if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
     checked = auto and precision in ("fp16", "bf16")  # auto's low precision: compared with fp32 first
@@ -316,8 +368,9 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                 f"output {str(target_path)!r} was made with other settings ({'; '.join(changes)}); "
                 f"{resume_at}pass --overwrite to start again, or choose another output"
             )
-    masked = ~mask.coverage(plan) if mask is not None and not resumed else None
-    check_inodes(target_path, plan, layout.output, finished if resumed else masked)
+    masked = mask.covered(plan) if mask is not None and not resumed else None
+    work = count_left(plan, output.write_unit, masked=masked, previous=previous if resumed else None)
+    check_inodes(target_path, plan, layout.output, work.files)
     format_choice = layout.format_choice
     backend_open = wants_backend(cfg, model, predictor) and layout.defaults is None
     if format_choice is None and measure and cfg.backend != "openvino" and (cfg.memory_format == "auto" or backend_open or (
@@ -327,7 +380,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape),
                                       layouts=layouts, backends=("torch", "openvino") if backend_open else ("torch",))
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
-                    resumed, previous, masked, format_choice, precision_note)
+                    resumed, previous, masked, format_choice, precision_note, work)
 
 
 def _start_precision(cfg: RunConfig, device, jobs) -> tuple[str, str]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..config import RunConfig
 from ..io import VolumePath
 from ..pipeline import PipelineSettings, Predictor
@@ -16,6 +14,8 @@ from ..pipeline.markers import DoneMarkers
 from ..tuning.defaults import Defaults
 from ..tuning.memformat import FormatChoice
 from .choose import Layout
+from .mask import Coverage
+from .plan import Work
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,15 @@ class Prepared:
     #: True when the output holds markers of the same settings: its finished blocks are kept.
     resumed: bool
     previous: DoneMarkers | None
-    #: For a new run with a mask: the boolean grid of the blocks it leaves out.
-    masked: np.ndarray | None = None
+    #: For a new run with a mask: the blocks it marks (:meth:`Coverage.left_out` is the grid of those it leaves out).
+    masked: Coverage | None = None
     #: What ``memory_format="auto"`` (or the measured default) chose (None when a layout was named).
     format_choice: FormatChoice | None = None
     #: What ``precision="auto"`` chose and why (the first block's check), "" when a precision was named or
     #: auto meant fp32 on the CPU.
     precision_note: str = ""
+    #: What the run has left: blocks masked out and done, voxels, files (:func:`blockpred.run.plan.count_left`).
+    work: Work | None = None
 
     @property
     def memory_format(self) -> str:

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..config import RunConfig
 from ..errors import (
     BlockFailedError,
@@ -45,7 +43,7 @@ from ..tuning.defaults import Defaults
 from ..tuning.memformat import FormatChoice
 from .choose import model_key_of
 from .output import create_output
-from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog, count_work
+from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog
 from .prepare import prepare, resolve_paths
 from .prepared import Prepared
 
@@ -202,7 +200,8 @@ class PredictionSummary:
 
 
 def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
-            config: str | os.PathLike | None = None, **options: Any) -> PredictionSummary:
+            config: str | os.PathLike | None = None, start_time: float | None = None,
+            **options: Any) -> PredictionSummary:
     """Predict ``input`` with a network, block by block, into ``output``.
 
     ``options`` are those of :class:`blockpred.config.RunConfig` (``model``,
@@ -215,8 +214,11 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     soon as the input and output paths have passed their checks, so the
     workers start while this process loads the model and does its dry run;
     the cluster is closed when ``predict`` returns or raises.
+
+    ``start_time`` (``time.time()``) is when the summary's ``started_s`` counts from: now, unless given (the
+    ``blockpred`` command gives its process's start, so that it counts the interpreter's start-up too).
     """
-    start_time = time.time()
+    start_time = time.time() if start_time is None else float(start_time)
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
     with ProgressEvents(cfg.progress_json) as events:
         try:
@@ -231,7 +233,7 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
 
 def _event_error(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
-        return "interrupted"
+        return str(err) or "interrupted"  # "terminated (SIGTERM)": see blockpred.errors.Terminated
     return one_line(err)
 
 
@@ -245,7 +247,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
         def start_cluster(previous: DoneMarkers | None) -> None:  # once the input and output paths have passed
             nonlocal cluster
             check_free(lock_at, str(target_path))  # another run on this output: say so now, not after the dry run
-            finished = previous is not None and len(previous.todo_ids()) == 0  # a resume with nothing left
+            finished = previous is not None and previous.num_finished() == previous.grid_shape.prod()  # nothing left
             if not cfg.local and not finished:
                 from ..cluster.jobqueue import job_settings
                 from ..cluster.local import WORKER_THREADS, Cluster
@@ -298,18 +300,11 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
     with open_volume(source_path) as source:
         p = prepare(cfg, source, source_path, target_path, measure=False)
         volume_shape, dtype, voxel_size = source.spatial_shape, str(source.dtype), source.voxel_size
-    block_plan = p.layout.plan
-    if p.resumed:
-        masked, finished = p.previous.masked(), p.previous.finished()
-    else:
-        masked = p.masked if p.masked is not None else np.zeros(tuple(block_plan.grid_shape), dtype=bool)
-        finished = masked
-    voxels, files = count_work(block_plan, ~finished, p.layout.output.write_unit)
+    block_plan, work = p.layout.plan, p.work  # counted by prepare with no value per block (plan.count_left)
     if assume_mvox_per_s is not None:
         throughput = Throughput(float(assume_mvox_per_s), "assumed")
     else:
         throughput = ThroughputLog().get(model_key_of(cfg, p.model), p.cfg.precision)
-    num_masked = int(masked.sum())
     pyramid: tuple = ()
     if cfg.pyramid:
         from .pyramid import plan_levels
@@ -318,8 +313,8 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
         pyramid = tuple(level.shape for level in levels[1:])
     return RunPlan(str(source_path), str(target_path), p.model.name, str(p.predictor.device), p.cfg.precision,
                    volume_shape, dtype, block_plan, p.settings.batch_size, p.out_channels, cfg.output_dtype.name,
-                   p.layout.output.chunks, p.layout.output.shards, num_masked, int(finished.sum()) - num_masked,
-                   voxels, files, p.resumed, throughput, tuple(int(n) for n in gpus),
+                   p.layout.output.chunks, p.layout.output.shards, work.num_masked, work.num_done,
+                   work.voxels, work.files, p.resumed, throughput, tuple(int(n) for n in gpus),
                    str(p.defaults) if p.defaults is not None else None, pyramid, cfg.pyramid_method,
                    p.layout.halo.note(label="") if p.layout.halo is not None else None)
 

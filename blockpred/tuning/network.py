@@ -8,12 +8,14 @@ then checks the input shape that yields exactly ``block + 2 x halo``.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from ..errors import InvalidOptionError, ModelLoadError
+from ..errors import InvalidOptionError, ModelLoadError, is_out_of_memory
 from ..geometry import Coord
-from ..errors import is_out_of_memory
 from ..pipeline.infer import Predictor
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,7 @@ class NetworkGeometry:
 
 
 def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | None = None) -> tuple[int, Coord]:
+    logger.info("dry run of the network on an input of %s", "x".join(map(str, shape)))
     try:
         out = predictor.output_shape((1, in_channels) + tuple(shape))
     except Exception as err:

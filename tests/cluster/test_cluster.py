@@ -6,6 +6,7 @@ sends it, the TCP sockets the client and its workers listen on.  A rerun that on
 the fault left on disk) runs the same command in this process.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -239,23 +240,29 @@ def test_a_cluster_started_in_process_has_its_scheduler_on_loopback():
 
 @pytest.mark.parametrize("workers", [pytest.param(["--workers", "2"], id="two-workers"),
                                      pytest.param([], id="in-process")])
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.slow
-def test_ctrl_c_prints_one_line_exits_130_leaves_no_process_and_the_rerun_resumes(tmp_path, volume, workers,
-                                                                                  capsys):
-    """A terminal's Ctrl-C: SIGINT to the whole foreground process group (the client and every worker)."""
+def test_ctrl_c_or_sigterm_prints_one_line_ends_the_events_frees_the_lock_and_the_rerun_resumes(
+        tmp_path, volume, workers, sent, capsys):
+    """A terminal's Ctrl-C (SIGINT), or what SLURM and Kubernetes send first (SIGTERM), to the whole process group
+    (the client and every worker): one line, exit 128 + the signal, the end event, no lock and no process left."""
     source, clean = volume
-    out = str(tmp_path / "out.zarr")
-    run = start_run(source, out, *workers)
+    out, events = str(tmp_path / "out.zarr"), tmp_path / "progress.jsonl"
+    run = start_run(source, out, *workers, "--progress-json", str(events))
     wait_for(lambda: num_done(out) >= 4, run, "4 blocks done")
     members = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
-    os.killpg(run.pid, signal.SIGINT)
+    os.killpg(run.pid, sent)
     stdout, stderr = finish(run)
-    assert run.returncode == 130, stderr
+    assert run.returncode == 128 + sent, stderr
     assert "Traceback" not in stderr, stderr
     # Halo 4 is below the tiny network's field on purpose (see HALO): its one warning says so at the start.
     lines = [line for line in stderr.strip().splitlines() if "smaller than the network's receptive field" not in line]
-    assert lines[-1] == INTERRUPTED and stderr.count("interrupted") == 1, stderr
+    said = INTERRUPTED if sent == signal.SIGINT else INTERRUPTED.replace("interrupted", "terminated (SIGTERM)")
+    assert lines[-1] == said and stderr.count(said.split(";")[0]) == 1, stderr
     assert all(line.startswith("blockpred: ") for line in lines), stderr
+    end = json.loads(events.read_text().splitlines()[-1])
+    assert end["event"] == "end" and not end["ok"] and end["error"] == said.split(": ", 1)[1].split(";")[0], end
+    assert not Path(out + ".blockpred", "_root.lock").exists(), "the lock was left behind"
     assert_no_process_left(members, run.pid)
 
     done = num_done(out)

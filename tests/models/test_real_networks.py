@@ -319,7 +319,7 @@ def test_plan_reports_the_receptive_field_and_the_halo_before_anything_runs(tmp_
 
 
 def test_a_resume_keeps_the_halo_it_started_with(tmp_path):
-    source = write_test_volume(str(tmp_path / "v.zarr"), np.zeros((8, 32, 32), np.uint8))
+    source = write_test_volume(str(tmp_path / "v.zarr"), np.zeros((16, 32, 32), np.uint8))  # no axis under the halo
     options = dict(model="tiny", block=16, progress=False, local=True)
     first = blockpred.predict(source, str(tmp_path / "o.zarr"), halo=12, **options)
     again = blockpred.predict(source, str(tmp_path / "o.zarr"), **options)  # no halo named: the run's own

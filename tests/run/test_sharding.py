@@ -63,8 +63,8 @@ def test_shards_block_gives_one_shard_per_block_with_default_chunks(volume):
     blockpred.predict(path, out, shards="block", block=(16, 64, 64), halo=4, output_dtype="uint8", local=True,
                       progress=False)
     array = zarr.open_array(out + "/0", mode="r")
-    assert array.shards == (2, 16, 64, 64) and array.chunks == (2, 16, 64, 64)
-    assert open_volume(out).chunk_shape == (2, 16, 64, 64)  # blockpred sees the shard as its write unit
+    assert array.shards == (2, 16, 64, 50) and array.chunks == (2, 16, 64, 50)  # the block cut to x's 50 voxels
+    assert open_volume(out).chunk_shape == (2, 16, 64, 50)  # blockpred sees the shard as its write unit
 
 
 def test_a_sharded_input_reads_like_the_same_data_unsharded(volume):
