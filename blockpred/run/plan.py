@@ -229,7 +229,7 @@ def _shape(shape: Coord) -> str:
 
 
 def _voxels(count: float) -> str:
-    for unit, size in (("Tvox", 1e12), ("Gvox", 1e9), ("Mvox", 1e6)):
+    for unit, size in (("Pvox", 1e15), ("Tvox", 1e12), ("Gvox", 1e9), ("Mvox", 1e6)):
         if count >= size:
             return f"{count / size:.3g} {unit}"
     return f"{int(count)} vox"
