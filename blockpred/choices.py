@@ -7,8 +7,9 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 RUN_PRECISIONS = ("auto",) + PRECISIONS
 #: ``torch.compile`` modes (``off``: not compiled).
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
-#: What runs the network (``openvino``: on the CPU); a run's ``auto`` chooses one by measuring.
-BACKENDS = ("torch", "openvino")
+#: What runs the network (``openvino``, ``onnxruntime``: on the CPU); a run's ``auto`` chooses between torch and
+#: openvino by measuring.
+BACKENDS = ("torch", "openvino", "onnxruntime")
 RUN_BACKENDS = ("auto",) + BACKENDS
 #: Activation layouts (``channels_last`` is ``channels_last_3d``).
 MEMORY_FORMATS = ("contiguous", "channels_last")

@@ -54,10 +54,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    help="activation layout; channels_last is channels_last_3d; auto: the faster of the two for "
                         "this network and device, measured at the first run and cached [measured when the run "
                         "is long enough to pay, else contiguous]")
-    g.add_argument("--backend", choices=("auto", "torch", "openvino"),
-                   help="what runs the network: openvino runs it on the CPU (converted once, cached); auto: on the "
-                        "CPU the faster of torch and openvino, measured with the memory format when the run is long "
-                        "enough to pay, then cached [auto]")
+    g.add_argument("--backend", choices=("auto", "torch", "openvino", "onnxruntime"),
+                   help="what runs the network: openvino or onnxruntime (pip install -e '.[onnx]') run it on the "
+                        "CPU (converted once, cached); auto: on the CPU the faster of torch and openvino, measured "
+                        "with the memory format when the run is long enough to pay, then cached [auto]")
     g.add_argument("--tta", choices=("off", "flips", "flips-yx"),
                    help="test-time augmentation: the mean over the 8 flips of z, y and x (flips) or the 4 of y and "
                         "x (flips-yx); exact under the halo crop; 8x (4x) the compute [off]")
@@ -69,6 +69,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--writers", dest="num_writers", type=int,
                    help="writer threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--prefetch", type=int, help="blocks read ahead of the device [4]")
+    g.add_argument("--memory-limit", metavar="SIZE",
+                   help="peak memory of this process (each local worker) that the CPU's block and batch trials keep "
+                        "to, e.g. 2GB or 1.5GiB; not --memory, a SLURM job's memory [what it holds and half the "
+                        "available memory per worker]")
     g = parser.add_argument_group("workers (dask)")
     g.add_argument("--workers", type=int, help="local dask workers; 1 runs one worker through dask [one per "
                    "visible GPU; with one GPU or none, the run goes in this process, without dask]")
@@ -92,7 +96,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--walltime", help="a job's time limit, HH:MM:SS (walltime); jobs that reach it are replaced "
                    "[the site's config, else 00:30:00]")
     g.add_argument("--cores", type=int, help="CPU cores per job (cores) [the site's config]")
-    g.add_argument("--memory", help="memory per job, e.g. 16GB (memory) [the site's config]")
+    g.add_argument("--memory", help="memory per job, e.g. 16GB (memory); not --memory-limit, the budget of "
+                   "blockpred's own trials [the site's config]")
     g.add_argument("--gpus-per-job", type=int, help="GPUs per job (--gres=gpu:N); 0 for CPU jobs "
                    "[0 with --device cpu, else 1]")
     g.add_argument("--jobqueue-config", metavar="FILE",
@@ -125,7 +130,7 @@ _RUN_KEYS = ("model", "weights", "model_kwargs", "trust_pickle", "block", "halo"
              "workers", "scheduler", "local", "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid",
              "pyramid_method", "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs",
              "partition", "account", "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config",
-             "progress_json", "tta", "backend", "plane")
+             "progress_json", "tta", "backend", "plane", "memory_limit")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -181,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch.compile the network [off]")
     bench.add_argument("--memory-format", choices=("contiguous", "channels_last"),
                        help="activation layout [what `run` would choose]")
-    bench.add_argument("--backend", help="backends, e.g. torch,openvino: a row for each, with its largest "
-                       "difference from torch at fp32 [what `run` would choose]")
+    bench.add_argument("--backend", help="backends, e.g. torch,openvino,onnxruntime: a row for each, with its "
+                       "largest difference from torch at fp32 [what `run` would choose]")
     bench.add_argument("--tta", default="off", choices=("off", "flips", "flips-yx"),
                        help="time the network under test-time augmentation (a pass per flip), so Mvox/s and "
                             "--extrapolate count its cost [off]")

@@ -22,6 +22,7 @@ from .choices import MEMORY_FORMATS, OPTION_CHOICES, PRECISIONS, SHARD_CHOICES  
 from .errors import InputNotFoundError, InvalidOptionError
 from .geometry import Box, Coord
 from .io.stores import StorageOptions
+from .pipeline.hostmem import parse_size
 from .normalize import Normalization, parse_output_dtype
 
 
@@ -63,7 +64,7 @@ class RunConfig:
     #: (see blockpred.tuning.memformat); None: the same, measured when the run is long enough to pay for it
     #: (see blockpred.tuning.defaults), else contiguous; with compile, contiguous.
     memory_format: str | None = None
-    #: What runs the network: torch, openvino (the CPU only), or auto: on the CPU the faster of the two (and
+    #: What runs the network: torch, openvino or onnxruntime (the CPU only), or auto: on the CPU the faster of the two (and
     #: of torch's layouts), measured with the memory format when the run is long enough to pay, then cached;
     #: torch where not measured, on CUDA and with --compile (see blockpred.tuning.memformat).
     backend: str = "auto"
@@ -89,6 +90,8 @@ class RunConfig:
     num_writers: int | None = None
     #: Blocks read ahead of the device; with the batch and pending writes this bounds memory.
     prefetch: int = 4
+    #: Peak resident memory ("2GB", "1.5GiB") the CPU's trials keep to; None: half the free per worker (tuning.hostbudget).
+    memory_limit: int | None = None
     overwrite: bool = False
     progress: bool = True
     #: Progress as JSON lines (start, progress at most every second, end with the summary) to this file,
@@ -261,6 +264,9 @@ def _boolean(value: Any, name: str) -> bool:
 #: 3600 (seconds, in base 60): made into text, they wrote a file named 5 and asked for 3600 minutes.
 _TEXT = {**dict.fromkeys(("weights", "mask", "jobqueue_config", "progress_json"), "a path"), "scheduler": "an address",
          "partition": "a name", "account": "a name", "walltime": "a time limit", "memory": "a size"}
+#: Options read by a parser of their own.
+_PARSERS = {"roi": parse_roi, "normalize": Normalization.parse, "output_dtype": parse_output_dtype,
+            "storage_options": StorageOptions.parse, "memory_limit": parse_size}
 
 
 def _text(value: Any, name: str, where: str) -> str:
@@ -300,12 +306,8 @@ def _normalise(name: str, value: Any, where: str = "") -> Any:
         if name != "halo" and any(v <= 0 for v in shape):
             raise InvalidOptionError(f"{name} must be positive on every axis, got {tuple(shape)}")
         return shape
-    if name == "roi":
-        return parse_roi(value)
-    if name == "normalize":
-        return Normalization.parse(value)
-    if name == "output_dtype":
-        return parse_output_dtype(value)
+    if name in _PARSERS:
+        return _PARSERS[name](value)
     if name in _COUNTS:
         return _count(value, name, least=_COUNTS[name][0], what=_COUNTS[name][1])
     if name == "tta":
@@ -356,8 +358,6 @@ def _normalise(name: str, value: Any, where: str = "") -> Any:
     if name == "model":
         # A name or path; the Python API also takes a torch.nn.Module as it is.
         return str(value) if isinstance(value, (str, os.PathLike)) else value
-    if name == "storage_options":
-        return StorageOptions.parse(value)
     if name in _TEXT:
         return _text(value, name, where)
     return value

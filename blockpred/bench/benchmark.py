@@ -109,7 +109,7 @@ def environment() -> dict:
 
 
 def format_table(results: list[ThroughputResult]) -> str:
-    header = (f"{'backend':<8} {'precision':<9} {'batch':>5} {'out Mvox/s':>10} {'in Mvox/s':>10} {'mean ms':>9} "
+    header = (f"{'backend':<11} {'precision':<9} {'batch':>5} {'out Mvox/s':>10} {'in Mvox/s':>10} {'mean ms':>9} "
               f"{'p50':>8} {'p90':>8} {'p95':>8} {'p99':>8} {'peak mem':>10} {'max |diff|':>10} {'load':>14}")
     lines = [header]
     for r in results:
@@ -117,7 +117,7 @@ def format_table(results: list[ThroughputResult]) -> str:
         load = r.load.get("label", "")
         diff = "" if r.max_diff is None else f"{r.max_diff:.2g}"
         lines.append(
-            f"{r.backend.split(' ')[0]:<8} {r.precision:<9} {r.batch_size:>5} {r.output_mvox_per_s:>10.2f} "
+            f"{r.backend.split(' ')[0]:<11} {r.precision:<9} {r.batch_size:>5} {r.output_mvox_per_s:>10.2f} "
             f"{r.input_mvox_per_s:>10.2f} {d['mean_s'] * 1e3:>9.1f} {d['p50_s'] * 1e3:>8.1f} {d['p90_s'] * 1e3:>8.1f} "
             f"{d['p95_s'] * 1e3:>8.1f} {d['p99_s'] * 1e3:>8.1f} {r.peak_memory_bytes / 2**30:>8.2f}Gi {diff:>10} "
             f"{load:>14}"

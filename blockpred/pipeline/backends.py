@@ -7,21 +7,25 @@ equal to 1.2e-7 (``bench/RESULTS.md``).  A network is converted once:
 
 * **Converted** from the very module the predictor would run (its TTA
   wrapper, a 2D network's planes, a package's processing included) by
-  ``openvino.convert_model``, traced at the first batch it is given, with the
+  ``openvino.convert_model`` at the first batch it is given, traced at a
+  small example of it (:meth:`~.converted.ConvertedNetwork.example`; at the
+  batch's own shape where that does not match), with the
   batch and every spatial axis dynamic (a TorchScript network is traced
   through and frozen first, so that OpenVINO takes F.interpolate's branches
   on the input's rank in a 3D network; a 2D TorchScript network that calls it
   does not convert and runs with torch); compiled for the CPU at fp32
-  (``INFERENCE_PRECISION_HINT``: ``bf16`` only for ``--precision bf16``), on
-  as many threads as torch has (a worker's share of the machine).
+  (``INFERENCE_PRECISION_HINT``: ``bf16`` only for ``--precision bf16``, which
+  OpenVINO computes where the CPU has AMX or AVX512-BF16: :func:`cpu_bf16`), on
+  as many threads as torch has (a worker's share of the machine).  Conversion
+  and check run in fp32, outside the predictor's autocast.
 * **Checked** at conversion: OpenVINO's output on a seeded random batch of
   the first batch's shape must equal torch's within :data:`TOLERANCE` of
-  torch's output range at fp32; else the network runs with torch and one
-  line says why.  A network that does not convert (control flow the tracer
+  torch's output range at fp32 (compiled at f32 for the check under bf16
+  too); else the network runs with torch and one line says why.  A network that does not convert (control flow the tracer
   cannot follow, a second input such as a package's per-plane statistics, a
   module that says ``torch_only = True`` because its forward does what a trace
   cannot see) runs with torch, and one line says why too.
-* **Cached on disk**: the converted model is saved in the cache directory
+* **Cached on disk**, once it passed its check: the converted model is saved in the cache directory
   (``openvino/<key>.xml``, keyed by the network's name, weights and options,
   its wrapper and channels, and the versions of torch and OpenVINO), and
   OpenVINO keeps its compiled blobs beside it (``CACHE_DIR``): a second run
@@ -34,6 +38,7 @@ gives (a float32 ``(B, C, Z, Y, X)`` tensor on the CPU).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -44,14 +49,13 @@ import torch
 
 from ..cache import default_cache_dir, digest
 from ..errors import InvalidOptionError
+from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, traceable
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TOLERANCE", "BackendUnavailable", "OpenVINONetwork", "make_backend", "openvino_available",
            "resolve_device"]
 
-#: OpenVINO's fp32 output may differ from torch's by this share of torch's output range at any voxel.
-TOLERANCE = 1e-5
 #: Bumped when the cached conversions change meaning.
 CACHE_VERSION = 1
 
@@ -79,16 +83,33 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run this network here (not installed, does not convert, does not match torch)."""
-
-
 def openvino_available() -> bool:
     try:
         import openvino  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+@functools.cache
+def cpu_bf16() -> str:
+    """What OpenVINO computes bf16 with on this CPU: ``AMX`` or ``AVX512-BF16`` (``BF16`` where ``/proc/cpuinfo``
+    cannot tell which); "" where the CPU has neither or OpenVINO is not installed."""
+    if not openvino_available():
+        return ""
+    import openvino as ov
+
+    try:
+        if "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+            return ""
+    except RuntimeError:  # no CPU plugin
+        return ""
+    try:
+        flags = set(" ".join(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                             if line.startswith("flags")).split())
+    except OSError:
+        return "BF16"
+    return "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "" if flags else "BF16"
 
 
 def make_backend(name: str, module: torch.nn.Module, *, precision: str, key: dict | None):
@@ -99,141 +120,80 @@ def make_backend(name: str, module: torch.nn.Module, *, precision: str, key: dic
     """
     if name == "torch":
         return module
+    if name == "onnxruntime":  # an optional extra, in a module of its own (see .onnx_backend)
+        from .onnx_backend import make_onnxruntime
+
+        return make_onnxruntime(module, precision=precision, key=key)
     if name != "openvino":
-        raise InvalidOptionError(f"backend must be torch or openvino, got {name!r}")
+        raise InvalidOptionError(f"backend must be torch, openvino or onnxruntime, got {name!r}")
     if not openvino_available():
         raise InvalidOptionError("--backend openvino needs OpenVINO: pip install openvino (or --backend torch)")
     return OpenVINONetwork(module, precision=precision, key=key)
 
 
-class OpenVINONetwork:
-    """``module`` through OpenVINO, converted (or read from the cache) at its first batch (see the module docstring).
+class OpenVINONetwork(ConvertedNetwork):
+    """``module`` through OpenVINO, converted (or read from the cache) at its first batch (see the module docstring
+    and :class:`~.converted.ConvertedNetwork`)."""
 
-    Until then, and for good where the conversion fails or does not match, calls go to ``module``: a
-    failure is one warning line, never the run's end.  ``converted`` says which runs.
-    """
+    runtime, backend = "OpenVINO", "openvino"
 
     def __init__(self, module: torch.nn.Module, *, precision: str, key: dict | None):
-        self._module = module
+        super().__init__(module, key=key)
         self._precision = precision
-        self._key = key
         self._request = None
-        self._lock = threading.Lock()
-        #: None until the first batch; then True (OpenVINO runs) or False (torch runs, :attr:`reason` says why).
-        self.converted: bool | None = None
-        self.reason = ""
-        #: Seconds the conversion (or the cache's read) and its check took, and whether the cache served it.
-        self.seconds = 0.0
-        self.cached = False
+        #: What OpenVINO computes in once converted (the compiled model's own inference precision): ``bf16`` for
+        #: --precision bf16 on a CPU that has it (:func:`cpu_bf16`), else ``f32``.
+        self.inference_precision = ""
 
-    def __call__(self, x: torch.Tensor, *extra) -> torch.Tensor:
-        if extra:  # a second input (a package's per-plane statistics): not converted
-            if self.converted is None:
-                self._fall_back("it takes a second input (per-plane statistics)")
-            return self._module(x, *extra)
-        if self.converted is None and _torch_only(self._module):
-            self._fall_back("it says torch_only (its forward does what a trace cannot see)")
-        if self.converted is None:
-            with self._lock:
-                if self.converted is None:
-                    self._convert(x)
-        if not self.converted:
-            return self._module(x)
-        result = self._request.infer({0: x.detach().cpu().numpy()}, share_inputs=True)
-        return torch.from_numpy(next(iter(result.values())))
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        return next(iter(self._request.infer({0: x}, share_inputs=True).values()))
 
-    def _fall_back(self, reason: str) -> None:
-        self.converted, self.reason = False, reason
-        logger.warning("--backend openvino: %s; running it with torch", reason)
+    def release_memory(self) -> None:
+        """Hand back the buffers OpenVINO keeps for the largest input it ran (after a 276^3 trial, 2.04 GiB
+        resident; 0.76 GiB once released and trimmed)."""
+        if self._request is not None:
+            self._request.get_compiled_model().release_memory()
 
-    def _convert(self, x: torch.Tensor) -> None:
-        import time
-
-        started = time.perf_counter()
-        try:
-            model, self.cached = self._model(x)
-            compiled = _compile(model, self._precision)
-            request = compiled.create_infer_request()
-            if not self.cached:  # a cached conversion was checked when it was made
-                self._check(request, x.shape)
-        except BackendUnavailable as err:
-            self._fall_back(str(err))
-            return
-        except Exception as err:  # noqa: BLE001 - a network OpenVINO cannot take runs with torch
-            text = str(err).strip().splitlines()
-            self._fall_back(f"the network does not convert ({type(err).__name__}: {text[0][:200] if text else ''})")
-            return
-        self._request, self.converted = request, True
-        self.seconds = time.perf_counter() - started
-        logger.info("--backend openvino: %s in %.2f s",
-                    "read from the cache" if self.cached else "converted and checked", self.seconds)
-
-    def _model(self, x: torch.Tensor):
-        """The converted model and whether the cache served it (saved there when the key allows)."""
+    def _cached(self, x: torch.Tensor):
         import openvino as ov
 
-        path = _cache_path(self._key, x.shape[1]) if self._key is not None else None
-        if path is not None and path.is_file():
-            try:
-                return ov.Core().read_model(str(path)), True
-            except Exception as err:  # noqa: BLE001 - a broken cache entry is converted again
-                logger.info("the cached OpenVINO model %s does not read (%s); converting again", path, err)
-        import warnings
+        path = _cache_path(self._key, x.shape[1])
+        if not path.is_file():
+            return None
+        try:
+            return ov.Core().read_model(str(path))
+        except Exception as err:  # noqa: BLE001 - a broken cache entry is converted again
+            logger.info("the cached OpenVINO model %s does not read (%s); converting again", path, err)
+            return None
 
-        example = torch.zeros(x.shape)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's notes on shape checks it records as constants
-            module = self._module
-            if any(isinstance(m, torch.jit.ScriptModule) for m in module.modules()):
-                # TorchScript keeps its branches on the input's rank (F.interpolate's): traced through a plain
-                # call and frozen, they become constants OpenVINO converts.
-                module = torch.jit.freeze(torch.jit.trace(_Call(module).eval(), example, check_trace=False).eval())
-            model = ov.convert_model(module, example_input=example,
-                                     input=[ov.PartialShape([-1, int(x.shape[1])] + [-1] * (x.dim() - 2))])
-        if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                # Dask workers may convert at once: each writes its own files and renames them into place.
-                tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.xml")
-                ov.save_model(model, str(tmp), compress_to_fp16=False)
-                tmp.with_suffix(".bin").replace(path.with_suffix(".bin"))
-                tmp.replace(path)
-            except OSError as err:  # a read-only home must not stop a run
-                logger.warning("could not cache the OpenVINO model in %s: %s", path.parent, err)
-        return model, False
+    def _make(self, example: torch.Tensor):
+        import openvino as ov
 
-    def _check(self, request, shape) -> None:
-        """OpenVINO's output against torch's on a seeded random batch of ``shape`` (see :data:`TOLERANCE`)."""
-        sample = torch.rand(tuple(shape), generator=torch.Generator().manual_seed(0))
-        with torch.inference_mode():
-            expected = self._module(sample)
-        expected = expected[0] if isinstance(expected, (tuple, list)) else expected
-        got = next(iter(request.infer({0: sample.numpy()}).values()))
-        expected = expected.float().numpy()
-        if got.shape != expected.shape:
-            raise BackendUnavailable(f"its OpenVINO output has shape {got.shape}, torch's {expected.shape}")
-        scale = float(np.ptp(expected)) or 1.0
-        diff = float(np.abs(got - expected).max()) / scale
-        if self._precision in ("fp32", "tf32") and not diff <= TOLERANCE:
-            raise BackendUnavailable(f"its OpenVINO output differs from torch's by {diff:.2g} of the output range "
-                                     f"(at most {TOLERANCE:g} is exact)")
-        logger.info("--backend openvino: the converted network differs from torch by %.2g of its output range", diff)
+        return ov.convert_model(traceable(self._module, example), example_input=example,
+                                input=[ov.PartialShape([-1, int(example.shape[1])] + [-1] * (example.dim() - 2))])
 
+    def _ready(self, model, check_shape: tuple | None) -> None:
+        compiled = _compile(model, self._precision)
+        if check_shape is not None:  # at f32 whatever it runs (the run compares bf16 with fp32 on its first block)
+            exact = compiled if self._precision != "bf16" else _compile(model, "fp32")
+            request = exact.create_infer_request()
+            self.check(lambda batch: next(iter(request.infer({0: batch}).values())), check_shape)
+        self._request = compiled.create_infer_request()
+        self.inference_precision = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
 
-class _Call(torch.nn.Module):
-    """``module(x)`` as a plain module, so that a trace goes through a TorchScript module's code."""
+    def _save(self, model, in_channels: int) -> None:
+        import openvino as ov
 
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, x):
-        return self.module(x)
-
-
-def _torch_only(module: torch.nn.Module) -> bool:
-    """A module (or one it wraps) that says it must run in torch: ``torch_only = True``."""
-    return any(getattr(sub, "torch_only", False) for sub in module.modules())
+        path = _cache_path(self._key, in_channels)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Dask workers may convert at once: each writes its own files and renames them into place.
+            tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.xml")
+            ov.save_model(model, str(tmp), compress_to_fp16=False)
+            tmp.with_suffix(".bin").replace(path.with_suffix(".bin"))
+            tmp.replace(path)
+        except OSError as err:  # a read-only home must not stop a run
+            logger.warning("could not cache the OpenVINO model in %s: %s", path.parent, err)
 
 
 def _compile(model, precision: str):

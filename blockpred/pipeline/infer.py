@@ -47,7 +47,7 @@ from ..choices import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
 from ..errors import InvalidOptionError
 from .backends import make_backend, resolve_device  # noqa: F401 - resolve_device: the pipeline's
 from .cpu_steps import after_network, is_normalized, normalized
-from .hostmem import BufferPool, keep_freed_memory, pinned
+from .hostmem import BufferPool, keep_freed_memory, pinned, release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class Predictor:
         converted = getattr(self._forward, "converted", None)
         if self.backend == "torch" or converted is None:
             return self.backend
-        return "openvino" if converted else f"torch (openvino: {self._forward.reason})"
+        return self.backend if converted else f"torch ({self.backend}: {self._forward.reason})"
 
     def use_memory_format(self, memory_format: str) -> None:
         """Switch the weights and the activations to ``memory_format`` (not with ``compile``: it would recompile)."""
@@ -440,11 +440,22 @@ class Predictor:
 
         return Pending(_finish=finish, _release=lambda: self._pool.give(host_out))
 
-    def release_memory(self) -> None:
-        """Give cached device memory back (after an out-of-memory error, or trial runs)."""
+    def release_memory(self, host: bool = False) -> None:
+        """Give cached device memory back (after an out-of-memory error, or trial runs).
+
+        ``host`` (after trials, with no batch in flight), on the CPU: the pooled arrays of the trials' shapes, the
+        buffers a backend keeps for the largest shape it ran (its ``release_memory``: OpenVINO's), and the heap's
+        free pages (:func:`.hostmem.release_freed_memory`), so a run at a smaller block does not hold the trials'.
+        """
         if self._cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+        elif host:
+            self._arrays = BufferPool(np.empty, max_keys=4)
+            release = getattr(self._forward, "release_memory", None) if self.backend != "torch" else None
+            if release is not None:
+                release()
+            release_freed_memory()
 
 
 def _count_nonfinite(values: torch.Tensor, boxes: Sequence[tuple[slice, ...]], counts: torch.Tensor) -> None:

@@ -41,6 +41,7 @@ from ..tuning.autosize import (
     quick_trial_passes,
 )
 from ..tuning.defaults import Defaults, measuring_budget
+from ..tuning.hostbudget import HostBudget
 from ..tuning.memformat import REPEATS as FORMAT_REPEATS
 from ..tuning.memformat import FormatChoice, choose_memory_format
 from ..tuning.network import NetworkGeometry, probe_network
@@ -166,13 +167,15 @@ class Layout:
 def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
                 target_path: VolumePath, measure: bool = True, todo_share: float = 1.0,
                 after_dry_run: Callable[[NetworkGeometry, Coord], None] | None = None,
-                field: NetworkField | None = None, resume_halo: Coord | None = None) -> Layout:
+                field: NetworkField | None = None, resume_halo: Coord | None = None,
+                host_budget: HostBudget | None = None) -> Layout:
     """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run.
 
     ``after_dry_run(geometry, halo)`` runs once the start block's dry run is done, before anything is measured
     (``--precision auto``'s check, which may change the predictor's precision).  ``field``: the network's
     grid and receptive field (:func:`network_field_of`), which give the downsampling and the default halo;
     ``resume_block`` / ``resume_halo``: what the run being resumed started with (kept where none is named).
+    ``host_budget``: the host memory the CPU's size trials keep to (:mod:`blockpred.tuning.hostbudget`).
     """
     downsampling = network_downsampling(cfg, model, field)
     plane_axis = stack_axis(model.plane) if model.plane is not None else None
@@ -234,7 +237,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
             cfg.block is None or batch_size is None or (cfg.memory_format is None and cfg.compile == "off")):
         defaults, sizing, format_choice = _measured_defaults(
             cfg, source, roi, model, predictor, block, halo, geometry, downsampling, dry_run_s,
-            block_named=cfg.block is not None or resume_block is not None, measure=measure, todo_share=todo_share)
+            block_named=cfg.block is not None or resume_block is not None, measure=measure, todo_share=todo_share,
+            host_budget=host_budget)
         batch_size = defaults.batch_size if defaults.batch_size is not None else batch_size
         if defaults.block is not None and defaults.block != block:
             block = defaults.block
@@ -250,7 +254,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                                  first_input=_valid_input_hint(model, block + halo * 2, field))
     elif searching or batch_size == "auto":
         sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
-                            fixed_block=None if searching else block)
+                            fixed_block=None if searching else block, host_budget=host_budget)
         batch_size = sizing.batch_size
         if sizing.block != block:
             block = sizing.block
@@ -267,7 +271,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
 
 def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
                        geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float, *, block_named: bool,
-                       measure: bool, todo_share: float = 1.0) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
+                       measure: bool, todo_share: float = 1.0, host_budget: HostBudget | None = None
+                       ) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
     """The block, batch and memory format the options leave open, measured within the run's budget.
 
     ``block`` is the start block the dry run took ``dry_run_s`` on; see
@@ -275,7 +280,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     the share of the blocks still to run (a resume), which the estimate counts.
     """
     want_block, want_batch = not block_named, cfg.batch_size is None
-    want_format = cfg.memory_format is None and cfg.compile == "off" and cfg.backend != "openvino"
+    want_format = cfg.memory_format is None and cfg.compile == "off" and cfg.backend in ("auto", "torch")
     here = cfg.scheduler is None  # passes timed here stand for the run's device (else it is a worker's)
     want_backend = wants_backend(cfg, model, predictor)
     blocks = blocks_per_axis(roi, block).prod() * todo_share
@@ -312,7 +317,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
             # a larger block untimed (see autosize.pick).
             chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
                                       fixed_block=None if want_block else block, quick_s=max(0.0, budget - spent()),
-                                      cached_only=budget - spent() <= 0 and not known, known=known)
+                                      cached_only=budget - spent() <= 0 and not known, known=known,
+                                      host_budget=host_budget)
         return chosen_format, chosen_sizes
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
@@ -364,7 +370,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
 def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
                halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None,
                quick_s: float | None = None, cached_only: bool = False,
-               known: tuple = ()) -> SizeChoice | None:
+               known: tuple = (), host_budget: HostBudget | None = None) -> SizeChoice | None:
     """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
 
     ``quick_s`` / ``cached_only``: the measured defaults' search (see
@@ -388,26 +394,27 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
         choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
-                              known=known)
+                              known=known, host_budget=host_budget)
     else:  # the trials belong on the workers' devices, which this machine may not have
         from ..cluster.scheduler import run_on_a_worker
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
         choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, predictor.precision,
-                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only)
+                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only, host_budget)
     logger.info("sizes: %s", choice)
     return choice
 
 
 def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
                             problem: SizeProblem, key: dict, quick_s: float | None,
-                            cached_only: bool) -> SizeChoice | None:
+                            cached_only: bool, host_budget: HostBudget | None = None) -> SizeChoice | None:
     """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
     from ..cluster.tasks import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
                           memory_format=memory_format)
-    return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only)
+    return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
+                        host_budget=host_budget)  # resolved on the worker: its memory
 
 
 def start_format(cfg: RunConfig) -> str:

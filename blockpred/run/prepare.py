@@ -39,6 +39,7 @@ from ..pipeline.job import ModelSpec
 from ..pipeline.markers import DoneMarkers, as_json, describe_changes, markers_path
 from ..pipeline.padding import read_padded
 from ..tuning.defaults import Defaults
+from ..tuning.hostbudget import named_block_warning, run_budget
 from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
 from .choose import (
     check_channels,
@@ -49,6 +50,7 @@ from .choose import (
     start_format,
     wants_backend,
 )
+from .cpu_precision import LOW, compare_with_fp32, openvino_bf16, slow_precision_warning
 from .layout import OutputLayout, block_step
 from .mask import Mask
 from .output import check_inodes, check_place_free
@@ -308,16 +310,28 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     predictor = Predictor(module, device, precision, compile=cfg.compile, memory_format=start_format(cfg),
                           backend="torch" if cfg.backend == "auto" else cfg.backend,
                           backend_key=model_key_of(cfg, model))
+    if cfg.backend == "auto" and openvino_bf16(cfg, model, predictor):  # bf16 on AMX or AVX512-BF16: unmeasured
+        cfg = cfg.replace(backend="openvino")
+        predictor.use_backend("openvino")
     auto = cfg.precision == AUTO
+    cpu_check = None  # a named fp16 or bf16 on the CPU, against fp32 on the first block
 
-    def check_precision_on_first_block(geometry, halo: Coord) -> None:
-        """``--precision auto`` at a low precision: the start block at the ROI's first corner, at it and at fp32."""
-        nonlocal precision_note
+    def first_block(geometry, halo: Coord):
+        """The start block at the ROI's first corner (C, Z, Y, X), and the steps that normalise it."""
         box = Box.from_shape(geometry.input_shape, roi.begin - halo - geometry.context)
         sample = read_padded(source, box, cfg.pad_mode, cfg.pad_value)
         scale, offset = cfg.normalize.scale_offset(source.dtype)
-        check = check_precision(predictor, module, sample if source.num_channels else sample[None],
-                                DeviceSteps(scale=scale, offset=offset))
+        return sample if source.num_channels else sample[None], DeviceSteps(scale=scale, offset=offset)
+
+    def check_precision_on_first_block(geometry, halo: Coord) -> None:
+        """``--precision auto`` at a low precision: the start block at the ROI's first corner, at it and at fp32;
+        a named one on the CPU: the same comparison, timed, for the summary and the slow warning."""
+        nonlocal precision_note, cpu_check
+        if not auto:
+            cpu_check = compare_with_fp32(predictor, module, *first_block(geometry, halo))
+            precision_note = str(cpu_check)
+            return
+        check = check_precision(predictor, module, *first_block(geometry, halo))
         if not check.passed:
             logger.warning("%s", check.warning())
             predictor.use_precision(check.precision)
@@ -334,17 +348,22 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     todo_share = 1.0 - previous.num_finished() / num_blocks if num_blocks else 1.0
     if jobs is not None and device.type != ("cuda" if jobs.gpus_per_job else "cpu"):
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
-    checked = auto and precision in ("fp16", "bf16")  # auto's low precision: compared with fp32 first
+    checked = auto and precision in LOW  # auto's low precision: compared with fp32 first
+    checked |= not auto and precision in LOW and device.type == "cpu" and measure and cfg.scheduler is None
     field = network_field_of(cfg, model, in_channels)
+    host_budget = run_budget(cfg, writers=cfg.num_writers or default_io_threads(cfg))  # the CPU's trials keep to it
     layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
                          todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None,
-                         field=field, resume_halo=resume_halo)
+                         field=field, resume_halo=resume_halo, host_budget=host_budget)
     cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
     plan, geometry, output = layout.plan, layout.geometry, layout.output
     step = block_step(layout.downsampling, cfg.output_chunks, cfg.shards)
     warnings = [layout.halo.warning() if layout.halo is not None and not resumed else "",  # said at its start
                 small_block_warning(plan, step),
-                _slow_precision_warning(cfg.precision, device), _long_run_warning(layout.defaults, device)]
+                cpu_check.warning() if cpu_check is not None else slow_precision_warning(cfg.precision, device,
+                                                                                         predictor.backend),
+                _long_run_warning(layout.defaults, device),
+                named_block_warning(host_budget, cfg, plan, layout.batch_size, geometry, source.dtype, device.type)]
     for warning in filter(None, warnings):
         logger.warning("%s", warning)
     channels = check_channels(cfg.channels, geometry)
@@ -373,7 +392,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     check_inodes(target_path, plan, layout.output, work.files)
     format_choice = layout.format_choice
     backend_open = wants_backend(cfg, model, predictor) and layout.defaults is None
-    if format_choice is None and measure and cfg.backend != "openvino" and (cfg.memory_format == "auto" or backend_open or (
+    if format_choice is None and measure and cfg.backend in ("auto", "torch") and (cfg.memory_format == "auto" or backend_open or (
             cfg.memory_format is None and cfg.compile == "off" and layout.defaults is None)):
         # Asked for, or left to blockpred in a run that asked for size trials (--block/--batch-size auto).
         layouts = MEMORY_FORMATS if cfg.memory_format in ("auto", None) else (cfg.memory_format,)
@@ -401,14 +420,6 @@ def _start_precision(cfg: RunConfig, device, jobs) -> tuple[str, str]:
 
 #: A run estimated longer than this (seconds) says so before it starts.
 LONG_RUN_S = 600.0
-
-
-def _slow_precision_warning(precision: str, device) -> str:
-    """fp16 and bf16 pay on GPUs; on a CPU autocast ran bf16 18x slower than fp32 (2 cores, issue 25)."""
-    if device.type == "cpu" and precision in ("fp16", "bf16"):
-        return (f"--precision {precision} on the CPU is usually several times slower than fp32 (autocast on a "
-                f"CPU); use --precision fp32 unless you need {precision}'s numbers")
-    return ""
 
 
 def _long_run_warning(defaults: Defaults | None, device) -> str:

@@ -49,6 +49,8 @@ class Prepared:
     def memory_format(self) -> str:
         if self.format_choice is not None:
             return self.format_choice.memory_format
+        if self.cfg.memory_format == "auto":  # not measured (OpenVINO lays out its own): the predictor's
+            return self.predictor.memory_format
         return self.cfg.memory_format or "contiguous"
 
     @property

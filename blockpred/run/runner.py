@@ -446,9 +446,9 @@ def _run_on_dask(job: Job, todo, cluster: "Cluster", retries: int, no_worker_tim
 
 
 def _peak_rss_bytes() -> int | None:
-    """This process's peak resident memory so far (Linux reports kibibytes), None where it cannot be read."""
+    """This process's peak resident memory so far (Linux reports kibibytes, macOS bytes), None where it cannot be read."""
     try:
         import resource
     except ImportError:  # not on this platform
         return None
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)

@@ -38,6 +38,7 @@ ever slows a pass down).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -49,12 +50,16 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..geometry import Coord
 from ..pipeline import Predictor, is_out_of_memory
+from .hostbudget import HostBudget, HostMeter, Measured
 from .sizecache import CachedSizes, SizeCache, cache_key, device_key
 from .sizing import (
     FAILED,
+    OVER_BUDGET,
     SizeChoice,
     SizeProblem,
     Trial,
+    foreseen_batch_saving_s,
+    foreseen_saving_s,
     model_key,
     probe_block,
     quick_trial_passes,
@@ -72,18 +77,22 @@ MEMORY_FRACTION = 0.85
 
 
 def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2,
-                 budget_bytes: int | None = None, quick: bool = False) -> Callable[[Coord, int], Trial]:
+                 budget_bytes: int | None = None, quick: bool = False,
+                 host: HostMeter | None = None) -> Callable[[Coord, int], Trial]:
     """One trial: the device path at ``block`` x ``batch``, timed; out of memory is an outcome.
 
     ``quick`` (the measured defaults; the first candidate is usually timed by
     the caller): :func:`quick_trial_passes` passes, the last one timed.
     Otherwise warm-up passes first (three, then one per trial), on a GPU for
     cuDNN's choice of kernels, on a CPU for the heap's growth, and ``repeats``
-    timed passes.
+    timed passes.  ``host`` (on the CPU): the host memory budget, which a
+    trial foreseen over is not run, and one measured over is refused
+    (:class:`blockpred.tuning.hostbudget.HostMeter`).
     """
     import torch
 
     cuda = predictor.device.type == "cuda"
+    host = None if cuda else host
     repeats = 1 if quick else repeats
     warmups = quick_trial_passes(predictor.device.type) - 1
     first_warmups, later_warmups = (warmups, warmups) if quick else (3, 1)
@@ -94,25 +103,38 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
     baseline = torch.cuda.memory_allocated(predictor.device) if cuda else 0
     warmed = False  # the first trial also warms up threads and allocators
 
-    def run(block: Coord, batch: int) -> Trial:
+    def passes(block: Coord, batch: int) -> tuple[float, int]:
+        """The trial's warm-up and timed passes: seconds per timed pass, and the bytes of a batch's output."""
         nonlocal warmed
         raw = _random_block((problem.in_channels,) + tuple(problem.input_shape(block)), problem.raw_dtype)
         steps = problem.steps.for_core(problem.halo, block)
+        for _ in range(later_warmups if warmed else first_warmups):  # warm-up: kernels chosen, memory grown
+            _finish(predictor.submit([raw] * batch, steps))
+        warmed = True
+        start = time.perf_counter()
+        pending = None
+        for _ in range(repeats):
+            nxt = predictor.submit([raw] * batch, steps)
+            if pending is not None:
+                _finish(pending)
+            pending = nxt
+        output_bytes = _finish(pending)
+        return (time.perf_counter() - start) / repeats, output_bytes
+
+    def probe() -> int:
+        """One pass at the start block, whose memory foresees the larger trials' (see ``HostMeter.refuse``)."""
+        raw = _random_block((problem.in_channels,) + tuple(problem.input_shape(problem.base_block)), problem.raw_dtype)
+        return _finish(predictor.submit([raw], problem.steps.for_core(problem.halo, problem.base_block)))
+
+    def run(block: Coord, batch: int) -> Trial:
         if cuda:
             torch.cuda.reset_peak_memory_stats(predictor.device)
         try:
-            for _ in range(later_warmups if warmed else first_warmups):  # warm-up: kernels chosen, memory grown
-                _finish(predictor.submit([raw] * batch, steps))
-            warmed = True
-            start = time.perf_counter()
-            pending = None
-            for _ in range(repeats):
-                nxt = predictor.submit([raw] * batch, steps)
-                if pending is not None:
-                    _finish(pending)
-                pending = nxt
-            _finish(pending)
-            seconds = (time.perf_counter() - start) / repeats
+            refused = host.refuse(block, batch, probe) if host is not None else None
+            if refused is not None:
+                return refused
+            with host.measuring(block, batch) if host is not None else contextlib.nullcontext(Measured()) as measured:
+                seconds, measured.output_bytes = passes(block, batch)
         except Exception as err:  # noqa: BLE001 - out of memory and a refused shape are outcomes
             predictor.release_memory()
             if is_out_of_memory(err):
@@ -123,10 +145,11 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
             logger.info("trial block %s batch %d failed, skipped: %s", "x".join(map(str, block)), batch,
                         text.splitlines()[0] if text else type(err).__name__)
             return Trial(block, batch, f"{FAILED}: {text.splitlines()[0][:200] if text else type(err).__name__}")
-        peak = torch.cuda.max_memory_allocated(predictor.device) - baseline if cuda else None
-        if budget_bytes is not None and peak is not None and peak > budget_bytes:
+        peak = torch.cuda.max_memory_allocated(predictor.device) - baseline if cuda else measured.peak_bytes
+        if (cuda and budget_bytes is not None and peak is not None and peak > budget_bytes) or (
+                host is not None and host.over(block, batch, peak)):
             predictor.release_memory()
-            return Trial(block, batch, "over budget", peak_bytes=peak)
+            return Trial(block, batch, OVER_BUDGET, peak_bytes=peak)
         mvox = block.prod() * batch / seconds / 1e6
         return Trial(block, batch, "ok", mvox, seconds, peak)
 
@@ -234,6 +257,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
         raise InvalidOptionError(
             f"no block fits the device's memory: even block {'x'.join(map(str, smallest.block))} at batch {batch} "
             f"was {smallest.outcome}; free device memory, use --precision bf16, or a smaller network"
+            + ("; on the CPU --memory-limit sets the budget" if smallest.outcome == OVER_BUDGET else "")
         )
     if problem.fixed_batch is None:
         for block in _blocks_to_batch(problem, fitting, blocks_for_batch, coarse):
@@ -268,57 +292,6 @@ def _blocks_to_batch(problem: SizeProblem, fitting: list[Trial], count: int, coa
         return by_size[:count]
     fastest = max(fitting, key=problem.roi_mvox_per_s).block
     return list(dict.fromkeys((fastest, by_size[0])))
-
-
-def foreseen_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], block: Coord) -> float:
-    """Seconds ``block`` may save over the region against the fastest fitting trial at its batch.
-
-    The halo it saves (the region's computed voxels, :meth:`SizeProblem.computed_voxels`, at the
-    fastest trial's block over those at ``block``), discounted by how much of the halo it saved the
-    largest block timed so far gave against the block below it: on a CPU a larger block is slower per
-    voxel (unet12, 2 cores: 128x240x240 computes 0.80x the voxels of 128x120x120 over the region but
-    ran its pipeline only 4% faster, after a cold 15.3 s trial).
-    """
-    fitting = sorted((t for t in trials if t.fits and t.batch_size == (problem.fixed_batch or 1)),
-                     key=lambda t: t.block.prod())
-    if not fitting:
-        return 0.0
-    score = problem.roi_mvox_per_s
-    best = max(fitting, key=score)
-    gain = problem.computed_voxels(best.block) / problem.computed_voxels(block)
-    if len(fitting) >= 2:
-        below, largest = fitting[-2], fitting[-1]
-        foreseen = problem.computed_voxels(below.block) / problem.computed_voxels(largest.block)
-        if foreseen > 1:
-            gain **= min(1.0, math.log(max(score(largest) / score(below), 1e-9)) / math.log(foreseen))
-    run_s = problem.roi.size / (score(best) * 1e6)
-    return run_s * (1 - 1 / gain)
-
-
-def foreseen_batch_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], block: Coord,
-                            batch_size: int) -> float:
-    """Seconds a batch of ``batch_size`` at ``block`` may save over the region against half that batch.
-
-    A batch saves what a call costs beyond its voxels, once per call it saves: the intercept of the
-    seconds of a pass against its input voxels, through ``block``'s pass and the nearest other block
-    timed at batch 1 (the one below, else the one above).  A device that computes a pass in proportion
-    to its voxels gains nothing by batching it (tiny on 2 CPU cores over 63 Mvox: 64^3, 128x118x118 and
-    128x236x236 gave a call 0.08 s beyond its voxels, 0.35 s over the region's 9 blocks, and a batch of
-    two 128x236x236 blocks took a 3-4 s trial of a 35 s first run to lose).  Infinite while no two blocks
-    were timed: the trial decides.
-    """
-    single = sorted((t for t in trials if t.fits and t.batch_size == 1), key=lambda t: t.block.prod())
-    at = next((t for t in single if t.block == block), None)
-    others = [t for t in single if t.block != block]
-    if at is None or not others:
-        return math.inf
-    below = [t for t in others if t.block.prod() < block.prod()]
-    other = below[-1] if below else others[0]
-    voxels, other_voxels = problem.input_shape(block).prod(), problem.input_shape(other.block).prod()
-    slope = (at.seconds_per_pass - other.seconds_per_pass) / (voxels - other_voxels)
-    per_call = at.seconds_per_pass - slope * voxels
-    calls_saved = -(-problem.blocks_over_region(block).prod() // batch_size)
-    return max(0.0, per_call) * calls_saved
 
 
 #: An untimed block wins only where its estimate beats the fastest timed one by this factor.
@@ -436,7 +409,8 @@ def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: Ca
 
 def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
                  budget_bytes: int | None = None, quick_s: float | None = None,
-                 cached_only: bool = False, known: tuple[Trial, ...] = ()) -> SizeChoice | None:
+                 cached_only: bool = False, known: tuple[Trial, ...] = (),
+                 host_budget: HostBudget | None = None) -> SizeChoice | None:
     """The cached choice for this model, device, precision and problem, else :func:`search` (then cached).
 
     ``quick_s``: the measured defaults' search (coarse candidates, one pass
@@ -448,10 +422,15 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     (its choice then says ``complete=False`` to a ``cached_only`` caller).
     ``cached_only``: the cache alone; None when nothing is cached.
     ``known``: trials the caller already timed (see :func:`search`).
+    ``host_budget`` (on the CPU): the host memory the trials and the run may take, resolved here; cached
+    trials are taken under it (:meth:`blockpred.tuning.hostbudget.HostMeter.review`).  The memory the trials
+    used goes back before the run (:meth:`Predictor.release_memory`).
     """
     key = cache_key(model_key, predictor, problem, budget_bytes, quick=quick_s is not None)
     cache = cache if cache is not None else SizeCache()
+    host = HostMeter(host_budget, problem) if host_budget is not None and predictor.device.type == "cpu" else None
     found = cache.get_entry(key, problem)
+    found = host.review(found) if host is not None else found
     # A block chosen untimed pays off on a GPU.  On a CPU its first passes fault in memory the timed blocks
     # already hold (tiny at 4 Mvox: 64x128x128 untimed ran its device steps in 1.84 s, 64^3 timed in 1.31 s).
     untimed = predictor.device.type != "cpu"
@@ -463,26 +442,27 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     if cached_only:
         return None
     if due:
-        run = trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True)
+        run = trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True, host=host)
         trials, _ = recheck(problem, run, found, max_total_s=quick_s, known=tuple(known),
                             trial_passes=quick_trial_passes(predictor.device.type))
-        predictor.release_memory()
+        predictor.release_memory(host=True)
         # A check counts where its time ended first too: no run after it pays again for a check it cannot afford.
         cache.put(key, problem, trials, complete=True, checks=found.checks + 1)
         return pick(problem, trials, extrapolate=extrapolate)
     known = (tuple(found.trials) if found is not None else ()) + tuple(known)  # a search cut short goes on
     if quick_s is None:
-        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes), known=known)
+        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, host=host), known=known)
     else:
-        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True),
+        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True, host=host),
                         max_total_s=quick_s, coarse=True, known=known, untimed=untimed,
                         trial_passes=quick_trial_passes(predictor.device.type))
-    predictor.release_memory()
+    predictor.release_memory(host=True)  # the trials' larger blocks are not held through the run
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice
 
 
-def _finish(pending) -> None:
-    """Wait for a trial batch and give its host buffer back (as the pipeline's writers do)."""
-    pending.result()
+def _finish(pending) -> int:
+    """Wait for a trial batch and give its host buffer back (as the pipeline's writers do); its output's bytes."""
+    output_bytes = pending.result().nbytes
     pending.release()
+    return output_bytes

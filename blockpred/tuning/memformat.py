@@ -106,6 +106,8 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
         cache.write(entries, "the memory format and backend choice")
     predictor.use_backend(choice.backend)
     predictor.use_memory_format(choice.memory_format)
+    if not choice.cached:
+        predictor.release_memory(host=True)  # the candidates' passes (and a conversion) are not held through the run
     return choice
 
 

@@ -54,7 +54,8 @@ class SizeCache:
         for entry in self._entries().get(digest(key), []):
             try:
                 trials = [Trial(Coord(t["block"]), int(t["batch_size"]), str(t["outcome"]),
-                                float(t["mvox_per_s"]), float(t["seconds_per_pass"])) for t in entry["trials"]]
+                                float(t["mvox_per_s"]), float(t["seconds_per_pass"]),
+                                None if t.get("peak_bytes") is None else int(t["peak_bytes"])) for t in entry["trials"]]
                 same_cap = Coord(entry["max_block"]) == problem.max_block
                 covered = not entry["capped"] and all(t.block.minimum(problem.max_block) == t.block for t in trials)
             except (KeyError, TypeError, ValueError):

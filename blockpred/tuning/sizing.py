@@ -15,6 +15,9 @@ from ..pipeline.blocking import blocks_per_axis
 
 #: The outcome of a trial the network refused (the rest of the outcome says why).
 FAILED = "failed"
+#: The outcome of a trial over the memory budget: the device's (CUDA), or the host's on the CPU (foreseen, then not
+#: run, or measured; see :mod:`blockpred.tuning.hostbudget`).
+OVER_BUDGET = "over budget"
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,10 @@ class SizeChoice:
     def __str__(self) -> str:
         how = "cached trials" if self.cached else "trials"
         what = "estimated from the largest" if self.estimated else "fastest"
+        over = sum(t.outcome == OVER_BUDGET for t in self.trials)
         return (f"block {'x'.join(map(str, self.block))}, batch {self.batch_size}: {what} of "
-                f"{sum(t.fits for t in self.trials)} that fit ({how}), {self.mvox_per_s:.2f} Mvox/s over the region")
+                f"{sum(t.fits for t in self.trials)} that fit ({how}{f'; {over} over the memory budget' if over else ''}), "
+                f"{self.mvox_per_s:.2f} Mvox/s over the region")
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,57 @@ class SizeProblem:
         fitted = self.roi.end.ceil_div(count).ceil_div(self.step) * self.step
         fitted = fitted.minimum(block)
         return fitted if self.blocks_over_region(fitted) == count else block
+
+
+def foreseen_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], block: Coord) -> float:
+    """Seconds ``block`` may save over the region against the fastest fitting trial at its batch.
+
+    The halo it saves (the region's computed voxels, :meth:`SizeProblem.computed_voxels`, at the
+    fastest trial's block over those at ``block``), discounted by how much of the halo it saved the
+    largest block timed so far gave against the block below it: on a CPU a larger block is slower per
+    voxel (unet12, 2 cores: 128x240x240 computes 0.80x the voxels of 128x120x120 over the region but
+    ran its pipeline only 4% faster, after a cold 15.3 s trial).
+    """
+    fitting = sorted((t for t in trials if t.fits and t.batch_size == (problem.fixed_batch or 1)),
+                     key=lambda t: t.block.prod())
+    if not fitting:
+        return 0.0
+    score = problem.roi_mvox_per_s
+    best = max(fitting, key=score)
+    gain = problem.computed_voxels(best.block) / problem.computed_voxels(block)
+    if len(fitting) >= 2:
+        below, largest = fitting[-2], fitting[-1]
+        foreseen = problem.computed_voxels(below.block) / problem.computed_voxels(largest.block)
+        if foreseen > 1:
+            gain **= min(1.0, math.log(max(score(largest) / score(below), 1e-9)) / math.log(foreseen))
+    run_s = problem.roi.size / (score(best) * 1e6)
+    return run_s * (1 - 1 / gain)
+
+
+def foreseen_batch_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], block: Coord,
+                            batch_size: int) -> float:
+    """Seconds a batch of ``batch_size`` at ``block`` may save over the region against half that batch.
+
+    A batch saves what a call costs beyond its voxels, once per call it saves: the intercept of the
+    seconds of a pass against its input voxels, through ``block``'s pass and the nearest other block
+    timed at batch 1 (the one below, else the one above).  A device that computes a pass in proportion
+    to its voxels gains nothing by batching it (tiny on 2 CPU cores over 63 Mvox: 64^3, 128x118x118 and
+    128x236x236 gave a call 0.08 s beyond its voxels, 0.35 s over the region's 9 blocks, and a batch of
+    two 128x236x236 blocks took a 3-4 s trial of a 35 s first run to lose).  Infinite while no two blocks
+    were timed: the trial decides.
+    """
+    single = sorted((t for t in trials if t.fits and t.batch_size == 1), key=lambda t: t.block.prod())
+    at = next((t for t in single if t.block == block), None)
+    others = [t for t in single if t.block != block]
+    if at is None or not others:
+        return math.inf
+    below = [t for t in others if t.block.prod() < block.prod()]
+    other = below[-1] if below else others[0]
+    voxels, other_voxels = problem.input_shape(block).prod(), problem.input_shape(other.block).prod()
+    slope = (at.seconds_per_pass - other.seconds_per_pass) / (voxels - other_voxels)
+    per_call = at.seconds_per_pass - slope * voxels
+    calls_saved = -(-problem.blocks_over_region(block).prod() // batch_size)
+    return max(0.0, per_call) * calls_saved
 
 
 def quick_trial_passes(device_type: str) -> int:

@@ -117,7 +117,7 @@ def test_the_conversion_is_cached_and_a_second_predictor_converts_nothing(caplog
 
 
 def test_a_dask_worker_runs_the_backend_of_the_run(volume, tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="blockpred.pipeline.backends"):
+    with caplog.at_level(logging.INFO, logger="blockpred.pipeline"):
         summary = blockpred.predict(volume, str(tmp_path / "dask.zarr"), model="tiny", backend="openvino",
                                     **{**PINNED, "local": False, "workers": 1})
     (worker,) = summary.workers.values()
@@ -152,3 +152,32 @@ def test_openvino_is_refused_in_one_line_off_the_cpu_or_compiled():
         Predictor(build_preset("tiny"), torch.device("cuda"), backend="openvino")
     with pytest.raises(InvalidOptionError, match="drop --compile"):
         Predictor(build_preset("tiny"), torch.device("cpu"), backend="openvino", compile="default")
+
+
+class _TracedOtherwise(torch.nn.Module):
+    """Traced, it doubles; run, it does not: no conversion of it matches torch."""
+
+    def forward(self, x):
+        return x * 2 if torch.jit.is_tracing() else x
+
+
+def test_a_conversion_that_fails_its_check_is_never_cached_and_a_size_bound_trace_is_made_at_the_block(tmp_path):
+    """Converted at a small example, a network that crops by its input's size off its grid does not match at the
+    block: it is converted again at the block's shape, and only what passed its check reaches the cache."""
+    from blockpred.cache import default_cache_dir
+    from blockpred.pipeline.backends import OpenVINONetwork
+
+    cache = default_cache_dir() / "openvino"
+    drifting = OpenVINONetwork(_TracedOtherwise(), precision="fp32", key={"name": "other"})
+    drifting(torch.rand(1, 1, 16, 16, 16))
+    assert drifting.converted is False and "differs from torch" in drifting.reason
+    assert not list(cache.glob("*.xml")), "a conversion that failed its check was cached"
+
+    net, x = realnets.valid_unet().eval(), torch.rand(1, 1, 60, 76, 92)
+    valid = OpenVINONetwork(net, precision="fp32", key={"name": "valid"})
+    assert tuple(valid.example(x).shape) != tuple(x.shape)  # a small example is tried first
+    with torch.inference_mode():
+        got, expected = valid(x), net(x)
+    assert valid.converted is True
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=TOLERANCE * float(np.ptp(expected.numpy())))
+    assert len(list(cache.glob("*.xml"))) == 1

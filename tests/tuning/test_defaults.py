@@ -474,7 +474,7 @@ def test_on_a_stand_in_device_the_defaults_never_choose_a_block_slower_than_the_
     assert np.array_equal(_read(str(tmp_path / "out.zarr"))[0], data)  # and it is the copy it should be
 
 
-def test_a_run_says_before_it_starts_when_it_will_be_long_or_its_precision_is_slow_on_the_cpu(tmp_path, caplog):
+def test_a_run_says_before_it_starts_when_it_will_be_long_or_its_precision_is_slow_on_the_cpu():
     import torch
 
     from blockpred.tuning.defaults import Defaults
@@ -485,8 +485,9 @@ def test_a_run_says_before_it_starts_when_it_will_be_long_or_its_precision_is_sl
     assert _long_run_warning(hours, cpu).startswith("this run is estimated at 3.0 h on cpu")
     assert "--device cuda" in _long_run_warning(hours, cpu)
     assert _long_run_warning(Defaults(None, 1, None, 599.0, 0, ""), cpu) == ""
-    data = np.random.default_rng(2).integers(0, 255, (16, 32, 32), dtype=np.uint8)
-    source = write_test_volume(str(tmp_path / "in.zarr"), data)
-    blockpred.predict(source, str(tmp_path / "out.zarr"), block=16, halo=4, precision="bf16", progress=False)
-    slow = [r.getMessage() for r in caplog.records if "--precision bf16 on the CPU" in r.getMessage()]
-    assert len(slow) == 1 and "use --precision fp32" in slow[0]
+    # A run measures bf16 against fp32 on its first block and warns where it is slower (tests/run/test_cpu_precision.py);
+    # one that does not (blockpred plan) warns where torch's autocast runs it.
+    from blockpred.run.cpu_precision import slow_precision_warning
+
+    assert "use --precision fp32" in slow_precision_warning("bf16", cpu, "torch")
+    assert slow_precision_warning("fp32", cpu, "torch") == slow_precision_warning("bf16", torch.device("cuda"), "torch") == ""

@@ -1,0 +1,212 @@
+"""What the CPU backends share: a network converted from torch at its first batch, checked against torch, and
+torch where it cannot be (:class:`ConvertedNetwork`; OpenVINO's in :mod:`.backends`, ONNX Runtime's in
+:mod:`.onnx_backend`).
+
+* **Until the first batch**, and for good where the conversion fails or does not match, calls go to the
+  torch module: a failure is one warning line, never the run's end (``converted`` says which runs).
+* **Not converted** at all: a module that takes a second input (a package's per-plane statistics), or says
+  ``torch_only = True`` (its forward does what a trace cannot see).
+* **Converted** with torch's autocast off (a trace under autocast records its casts, and the check's
+  reference is torch at fp32), a TorchScript module traced through a plain call and frozen first
+  (:func:`traceable`: its branches on the input's rank become constants).
+* **Checked** on a seeded random batch of the first batch's shape: at most :data:`TOLERANCE` of torch's
+  output range at any voxel (:meth:`ConvertedNetwork.check`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "traceable"]
+
+#: A converted network's fp32 output may differ from torch's by this share of torch's output range at any voxel.
+TOLERANCE = 1e-5
+#: A spatial axis of the conversion's example is shorter than the block's by a multiple of this
+#: (:meth:`ConvertedNetwork.example`).
+STRIDE = 64
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run this network here (not installed, does not convert, does not match torch)."""
+
+
+class ConvertedNetwork:
+    """``module`` through another runtime, converted (or read from its cache) at the first batch.
+
+    A subclass names the runtime (:attr:`runtime`, its option's word :attr:`backend`), makes it ready in
+    :meth:`_prepare` (returning whether the cache served it) and runs a batch in :meth:`_infer`.
+    """
+
+    #: The runtime in messages, and the word of its ``--backend``.
+    runtime = ""
+    backend = ""
+    #: What making it is called: "converted" (OpenVINO), "exported" (ONNX).
+    made = "converted"
+
+    def __init__(self, module: torch.nn.Module, *, key: dict | None):
+        self._module = module
+        self._key = key
+        self._lock = threading.Lock()
+        #: None until the first batch; then True (the runtime runs) or False (torch runs, :attr:`reason` says why).
+        self.converted: bool | None = None
+        self.reason = ""
+        #: Seconds the conversion (or the cache's read) and its check took, and whether the cache served it.
+        self.seconds = 0.0
+        self.cached = False
+
+    def __call__(self, x: torch.Tensor, *extra) -> torch.Tensor:
+        if extra:  # a second input (a package's per-plane statistics): not converted
+            if self.converted is None:
+                self._fall_back("it takes a second input (per-plane statistics)")
+            return self._module(x, *extra)
+        if self.converted is None and any(getattr(sub, "torch_only", False) for sub in self._module.modules()):
+            self._fall_back("it says torch_only (its forward does what a trace cannot see)")
+        if self.converted is None:
+            with self._lock:
+                if self.converted is None:
+                    self._convert(x)
+        if not self.converted:
+            return self._module(x)
+        return torch.from_numpy(self._infer(x.detach().cpu().numpy()))
+
+    def _cached(self, x: torch.Tensor):
+        """The model converted for ``x``'s network from the cache, or None."""
+        raise NotImplementedError
+
+    def _make(self, example: torch.Tensor):
+        """The network converted at ``example``."""
+        raise NotImplementedError
+
+    def _ready(self, model, check_shape: tuple | None) -> None:
+        """Ready :meth:`_infer` to run ``model``, checked first at ``check_shape`` (None: it was, when cached)."""
+        raise NotImplementedError
+
+    def _save(self, model, in_channels: int) -> None:
+        """``model`` into the cache (only once it passed its check)."""
+        raise NotImplementedError
+
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def release_memory(self) -> None:
+        """Hand back what the runtime keeps for the largest input it ran (it allocates again at the next call)."""
+
+    def _prepare(self, x: torch.Tensor) -> bool:
+        """Convert at a small example (:meth:`example`), else at ``x``'s shape, check at ``x``'s shape and cache
+        what passed; or read it from the cache.  Whether the cache served it."""
+        model = self._cached(x) if self._key is not None else None
+        if model is not None:
+            self._ready(model, None)
+            return True
+        example = self.example(x)
+        examples = [example] if example.shape == x.shape else [example, torch.zeros(x.shape)]
+        for tried in examples:
+            model = self._make(tried)
+            try:
+                self._ready(model, tuple(x.shape))
+            except BackendUnavailable as err:
+                if tried is examples[-1]:
+                    raise
+                logger.info("--backend %s: %s at example %s (%s); at the block's own shape", self.backend,
+                            self.made, tuple(tried.shape), err)
+                continue
+            if self._key is not None:
+                self._save(model, int(x.shape[1]))
+            return False
+        raise AssertionError("unreachable")
+
+    def _fall_back(self, reason: str) -> None:
+        self.converted, self.reason = False, reason
+        logger.warning("--backend %s: %s; running it with torch", self.backend, reason)
+
+    def _convert(self, x: torch.Tensor) -> None:
+        started = time.perf_counter()
+        try:
+            with torch.autocast("cpu", enabled=False):
+                self.cached = self._prepare(x)
+        except BackendUnavailable as err:
+            self._fall_back(str(err))
+            return
+        except Exception as err:  # noqa: BLE001 - a network the runtime cannot take runs with torch
+            text = str(err).strip().splitlines()
+            verb = "convert" if self.made == "converted" else "export"
+            self._fall_back(f"the network does not {verb} ({type(err).__name__}: {text[0][:200] if text else ''})")
+            return
+        self.converted = True
+        self.seconds = time.perf_counter() - started
+        logger.info("--backend %s: %s in %.2f s", self.backend,
+                    "read from the cache" if self.cached else f"{self.made} and checked", self.seconds)
+
+    def example(self, x: torch.Tensor) -> torch.Tensor:
+        """Zeros to convert at: ``x``'s shape with each spatial axis shorter by a multiple of :data:`STRIDE` (on
+        the grid of any network whose steps divide it: ``276`` -> ``84``), else halved, where torch takes it
+        (tried on zeros); else ``x``'s own.
+
+        The conversion traces the network once and keeps every spatial axis dynamic, so a small example gives
+        the same network in a fraction of the time (OpenVINO took 41 s at ``tiny``'s 84x276x276 block, issue
+        35).  The check still runs at ``x``'s shape, and a network whose trace depends on the size it saw
+        (one that crops by its input's size off its grid) is converted again at ``x``'s shape
+        (:meth:`_prepare`).
+        """
+        shape = tuple(int(n) for n in x.shape)
+        shorter = tuple(min(n, n % STRIDE + STRIDE) for n in shape[2:])
+        halved = tuple(n // 2 if n % 2 == 0 and n >= 16 else n for n in shape[2:])
+        for spatial in dict.fromkeys((shorter, halved)):
+            if spatial == shape[2:]:
+                continue
+            try:
+                with torch.inference_mode():
+                    self._module(torch.zeros((1, shape[1]) + spatial))
+            except Exception as err:  # noqa: BLE001 - a size the network refuses: the next, else x's own
+                logger.debug("--backend %s: no example at %s (%s)", self.backend, spatial, err)
+                continue
+            return torch.zeros(shape[:2] + spatial)
+        return torch.zeros(shape)
+
+    def check(self, run: Callable[[np.ndarray], np.ndarray], shape) -> None:
+        """``run``'s output against torch's on a seeded random batch of ``shape``: :class:`BackendUnavailable`
+        beyond :data:`TOLERANCE` of torch's output range."""
+        sample = torch.rand(tuple(shape), generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            expected = self._module(sample)
+        expected = (expected[0] if isinstance(expected, (tuple, list)) else expected).float().numpy()
+        got = run(sample.numpy())
+        if got.shape != expected.shape:
+            raise BackendUnavailable(f"its {self.runtime} output has shape {got.shape}, torch's {expected.shape}")
+        diff = float(np.abs(got - expected).max()) / (float(np.ptp(expected)) or 1.0)
+        if not diff <= TOLERANCE:
+            raise BackendUnavailable(f"its {self.runtime} output differs from torch's by {diff:.2g} of the output "
+                                     f"range (at most {TOLERANCE:g} is exact)")
+        logger.info("--backend %s: the %s network differs from torch by %.2g of its output range", self.backend,
+                    self.made, diff)
+
+
+class _Call(torch.nn.Module):
+    """``module(x)`` as a plain module, so that a trace goes through a TorchScript module's code."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def traceable(module: torch.nn.Module, example: torch.Tensor) -> torch.nn.Module:
+    """``module`` as a converter takes it: a TorchScript module (or one that holds one) traced through a plain
+    call at ``example`` and frozen, so that its branches on the input's rank (F.interpolate's) become constants;
+    any other as it is."""
+    if not any(isinstance(m, torch.jit.ScriptModule) for m in module.modules()):
+        return module
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on shape checks it records as constants
+        return torch.jit.freeze(torch.jit.trace(_Call(module).eval(), example, check_trace=False).eval())

@@ -1,0 +1,126 @@
+"""The host memory budget of the CPU's size trials (``--memory-limit``), and the memory the trials give back.
+
+Real passes of the ``tiny`` preset on the CPU, on small blocks; the budget's limit is named (a tiny one refuses
+every larger trial), so no outcome depends on the machine's free memory.
+"""
+
+import logging
+import platform
+
+import numpy as np
+import pytest
+import torch
+
+import blockpred
+from blockpred.cli import main
+from blockpred.config import make_config
+from blockpred.geometry import Box, Coord
+from blockpred.models.loading import load_model
+from blockpred.pipeline import Predictor
+from blockpred.pipeline.hostmem import (
+    ResidentPeak,
+    keep_freed_memory,
+    peak_resident_bytes,
+    release_freed_memory,
+    resident_bytes,
+)
+from blockpred.tuning.autosize import SizeCache, SizeProblem, Trial, choose_sizes
+from blockpred.tuning.hostbudget import OVER_BUDGET, HostBudget, HostMeter
+from blockpred.tuning.sizecache import CachedSizes
+from tests.helpers import write_test_volume
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+BASE = Coord((16, 16, 16))
+
+
+def problem(**changes) -> SizeProblem:
+    return SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((10, 10, 10)), context=Coord((0, 0, 0)),
+                       input_extra=Coord((0, 0, 0)), step=Coord((2, 2, 2)), base_block=BASE,
+                       roi=Box.from_shape(Coord((128, 128, 128))), **changes)
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    return Predictor(load_model("tiny").module, torch.device("cpu"))
+
+
+def test_a_trial_foreseen_over_the_memory_limit_is_not_run_and_the_search_stays_at_the_start_block(tmp_path,
+                                                                                                   predictor):
+    start = Trial(BASE, 1, "ok", 0.1, BASE.prod() / 0.1e6)  # timed by the caller, as the measured defaults do
+    choice = choose_sizes(predictor, problem(), model_key={"name": "tiny"}, cache=SizeCache(tmp_path / "sizes.json"),
+                          quick_s=30.0, known=(start,), host_budget=HostBudget(limit_bytes=2**20))
+    assert (choice.block, choice.batch_size) == (BASE, 1)
+    refused = [t for t in choice.trials if t.outcome == OVER_BUDGET]
+    assert refused and all(t.seconds_per_pass == 0 for t in refused), "a trial over the budget ran"
+    assert all(t.peak_bytes > 2**20 for t in refused)  # the foresight, measured at the start block and scaled
+    assert "over the memory budget" in str(choice)
+
+
+def test_a_named_block_is_kept_at_batch_1_over_the_memory_limit_from_yaml_with_one_warning(tmp_path, caplog):
+    volume = write_test_volume(tmp_path / "in.zarr", np.random.default_rng(0).integers(0, 255, (16, 32, 64), np.uint8))
+    config = tmp_path / "run.yaml"
+    config.write_text("model: tiny\nhalo: 10\nmemory_limit: 1MB\n")
+    before = resident_bytes()
+    with caplog.at_level(logging.WARNING, logger="blockpred"):
+        summary = blockpred.predict(volume, tmp_path / "out.zarr", config=config, device="cpu", block="16,32,32",
+                                    batch_size="auto", backend="torch", memory_format="contiguous", progress=False)
+    assert summary.batch_size == 1 and summary.plan.block_shape == Coord((16, 32, 32))
+    assert [(t.batch_size, t.outcome) for t in summary.sizing.trials] == [(1, "ok"), (2, OVER_BUDGET)]
+    warnings = [r.getMessage() for r in caplog.records if "over the memory limit of" in r.getMessage()]
+    assert len(warnings) == 1 and "block 16x32x32 at batch 1" in warnings[0] and "\n" not in warnings[0]
+    # The summary's peak is this process's: at least what it held, at most its peak read now.
+    assert before <= summary.peak_rss_bytes <= peak_resident_bytes()
+
+
+@pytest.mark.parametrize("text, size", [("2GB", 2 * 10**9), ("1.5GiB", 3 * 2**29), ("800 MB", 8 * 10**8),
+                                        ("1e9", 10**9)])
+def test_memory_limit_takes_decimal_and_binary_sizes(text, size):
+    assert make_config(memory_limit=text).memory_limit == size
+
+
+@pytest.mark.parametrize("bad", ["lots", "0", "-2GB", "2XB", "1.5 GiBs"])
+def test_a_bad_memory_limit_is_one_line_exit_2(tmp_path, capsys, bad):
+    volume = write_test_volume(tmp_path / "in.zarr", np.zeros((8, 8, 8), np.uint8))
+    code = main(["run", volume, str(tmp_path / "out.zarr"), f"--memory-limit={bad}", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "memory_limit must be a size such as 2GB" in err
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_cached_trials_are_taken_under_the_budget_of_the_run_that_reads_them():
+    gib = 2**30
+    cached = CachedSizes([Trial(BASE, 1, "ok", 1.0, 0.1, gib // 2), Trial(BASE * 2, 1, "ok", 2.0, 0.4, 2 * gib),
+                          Trial(BASE * 4, 1, OVER_BUDGET, peak_bytes=8 * gib)], complete=True, checks=1)
+
+    def review(limit: int) -> CachedSizes | None:
+        return HostMeter(HostBudget(limit_bytes=limit), problem()).review(cached)
+
+    same = review(4 * gib)
+    assert [t.outcome for t in same.trials] == ["ok", "ok", OVER_BUDGET] and same.complete
+    smaller = review(gib)
+    assert [t.outcome for t in smaller.trials] == ["ok", OVER_BUDGET, OVER_BUDGET] and smaller.complete
+    larger = review(16 * gib)  # the refused block would fit now: the search goes on and runs it
+    assert [t.block for t in larger.trials] == [BASE, BASE * 2] and not larger.complete
+    assert review(gib // 4) is None  # nothing cached fits: measured again
+
+
+@pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
+def test_the_heap_hands_freed_memory_back():
+    keep_freed_memory()  # freed memory stays in the process ...
+    array = np.ones(64 * 2**20 // 8)
+    del array
+    assert release_freed_memory() >= 32 * 2**20  # ... until it is handed back
+    assert release_freed_memory() >= 0
+
+
+@pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
+def test_the_memory_of_a_trial_goes_back_before_the_run(tmp_path, predictor):
+    block = Coord((64, 64, 64))  # an 84^3 input: tiny's pass holds about 0.2 GiB more
+    before = resident_bytes()
+    with ResidentPeak() as peak:
+        choice = choose_sizes(predictor, problem(fixed_block=block, fixed_batch=1), model_key={"name": "tiny"},
+                              cache=SizeCache(tmp_path / "sizes.json"), quick_s=30.0, host_budget=HostBudget())
+    assert choice.trials[0].fits and choice.trials[0].peak_bytes > before
+    grown = peak.bytes - before
+    assert grown > 50 * 2**20, "the trial's pass grew the resident memory by too little to tell"
+    assert resident_bytes() - before < grown / 2, "the trial's memory stayed resident"
