@@ -167,10 +167,14 @@ class OpenVINONetwork(ConvertedNetwork):
             return None
 
     def _make(self, example: torch.Tensor):
+        import warnings
+
         import openvino as ov
 
-        return ov.convert_model(traceable(self._module, example), example_input=example,
-                                input=[ov.PartialShape([-1, int(example.shape[1])] + [-1] * (example.dim() - 2))])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on shape checks it records as constants
+            return ov.convert_model(traceable(self._module, example), example_input=example,
+                                    input=[ov.PartialShape([-1, int(example.shape[1])] + [-1] * (example.dim() - 2))])
 
     def _ready(self, model, check_shape: tuple | None) -> None:
         compiled = _compile(model, self._precision)
