@@ -87,6 +87,16 @@ class VolumePath:
         return VolumePath(self.format, self.container, f"{parent}/{name}" if parent else name)
 
 
+def folder_format(path: Path) -> Format | None:
+    """The format whose metadata a folder holds at its top -- ``zarr`` (v3 or v2, a group or an array) or ``n5`` --
+    else None (no folder, or a plain one)."""
+    if any((path / name).exists() for name in ("zarr.json", ".zarray", ".zgroup")):
+        return "zarr"
+    if (path / "attributes.json").exists():
+        return "n5"
+    return None
+
+
 def parse_volume_path(text: str | Path, storage_options=None) -> VolumePath:
     """Split a user's path into format, container and dataset.
 
@@ -163,10 +173,9 @@ def _local_path(text: str) -> VolumePath:
     if text.lower().rstrip("/").endswith(_TIFF_SUFFIXES):
         return VolumePath("tiff", Path(text), "")
     path = Path(text)
-    if (path / "zarr.json").exists() or (path / ".zarray").exists() or (path / ".zgroup").exists():
-        return VolumePath("zarr", path, "")
-    if (path / "attributes.json").exists():
-        return VolumePath("n5", path, "")
+    found_format = folder_format(path)
+    if found_format is not None:
+        return VolumePath(found_format, path, "")
     base = text.partition("#")[0]
     if Path(base).name == "info" or _is_precomputed_directory(Path(base)):
         return _precomputed_path(text, text)

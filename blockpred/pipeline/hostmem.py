@@ -51,7 +51,7 @@ import logging
 import math
 import os
 import platform
-import re
+import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -142,13 +142,20 @@ def resident_bytes() -> int | None:
 
 
 def peak_resident_bytes() -> int | None:
-    """This process's peak resident memory so far (``VmHWM``; None where it cannot be read)."""
+    """This process's peak resident memory so far (``VmHWM``; elsewhere ``getrusage``'s, in kibibytes but bytes on
+    macOS; None where neither can be read)."""
     try:
         with open("/proc/self/status") as status:
             line = next((line for line in status if line.startswith("VmHWM:")), "")
-        return int(line.split()[1]) * 1024 if line else None
+        if line:
+            return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+    except ImportError:  # not on this platform
         return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
 
 
 class ResidentPeak:
@@ -228,17 +235,15 @@ def _cgroup_room() -> int | None:
     return None
 
 
-#: Size units as dask reads ``--memory`` (kB, MB, GB, TB and k, M, G, T: powers of 1000; KiB, MiB, GiB, TiB: of 1024).
-_UNITS = {"": 1, "b": 1}
-for _power, _prefix in enumerate("kmgt", 1):
-    _UNITS.update({_prefix: 1000**_power, f"{_prefix}b": 1000**_power, f"{_prefix}ib": 1024**_power})
-
-
 def parse_size(value, name: str = "memory_limit") -> int:
-    """A size in bytes from ``2GB``, ``1.5GiB``, ``800MB`` or a number of bytes (see :data:`_UNITS`)."""
-    text = str(value).strip().lower().replace(" ", "")
-    found = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)([a-z]*)", text) if not isinstance(value, bool) else None
-    size = float(found.group(1)) * _UNITS[found.group(2)] if found and found.group(2) in _UNITS else math.nan
+    """A size in bytes from ``2GB``, ``1.5GiB``, ``800MB`` or a number of bytes, read as dask reads ``--memory``
+    (:func:`dask.utils.parse_bytes`: kB, MB, GB are powers of 1000, KiB, MiB, GiB of 1024)."""
+    from dask.utils import parse_bytes
+
+    try:
+        size = math.nan if isinstance(value, bool) else float(parse_bytes(value))
+    except (TypeError, ValueError):
+        size = math.nan
     if not (math.isfinite(size) and size >= 1):
         raise InvalidOptionError(f"{name} must be a size such as 2GB, 1.5GiB or 800MB (kB, MB, GB: powers of 1000; "
                                  f"KiB, MiB, GiB: of 1024), got {value!r}")
@@ -282,6 +287,11 @@ class BufferPool:
                 free.append(buffer)
             while len(self._free) > self._max_keys:
                 self._free.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop every free buffer (those in use come back as usual)."""
+        with self._lock:
+            self._free.clear()
 
 
 def pinned(shape: tuple[int, ...], dtype):

@@ -451,7 +451,7 @@ class Predictor:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
         elif host:
-            self._arrays = BufferPool(np.empty, max_keys=4)
+            self._arrays.clear()
             release = getattr(self._forward, "release_memory", None) if self.backend != "torch" else None
             if release is not None:
                 release()

@@ -31,6 +31,7 @@ from ..io import (
     parse_volume_path,
     volume_exists,
 )
+from ..io.base import folder_format
 from ..models.bioimageio import is_package
 from ..models.planes import check_halo
 from ..pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
@@ -115,17 +116,13 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
             )
 
 
-#: The files that make a folder a container of its format (a zarr v3 or v2 group or array, an N5 container).
-_CONTAINER_FILES = {"zarr": ("zarr.json", ".zgroup", ".zarray"), "n5": ("attributes.json",)}
-
-
 def _made_container_holds(target: VolumePath, source: VolumePath) -> bool:
     """True when the output's container is an existing folder, not yet a container, that holds ``source``:
     creating the output would write a container's metadata beside the input (a link to its parent folder)."""
-    if target.format not in _CONTAINER_FILES or not target.dataset or target.is_remote:
+    if target.format not in ("zarr", "n5") or not target.dataset or target.is_remote:
         return False
     container = target.container
-    if not container.is_dir() or any((container / name).exists() for name in _CONTAINER_FILES[target.format]):
+    if not container.is_dir() or folder_format(container) == target.format:
         return False
     return identity.within(identity.data_node(source), container)
 

@@ -35,6 +35,7 @@ from ..io.ownership import OutputLock, check_free, lock_path
 from ..models.planes import in_plane, stack_axis
 from ..pipeline import Backoff, Predictor, RunStats
 from ..pipeline.blocking import Block, BlockPlan
+from ..pipeline.hostmem import peak_resident_bytes
 from ..pipeline.job import Job, run_job
 from ..pipeline.markers import DoneMarkers, markers_path
 from ..progress import ProgressBar
@@ -278,7 +279,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
                                plane=p.model.plane, precision=p.cfg.precision, precision_note=p.precision_note,
                                halo=p.layout.halo,
                                backend=p.predictor.backend_note if not summary.workers else p.backend,
-                               peak_rss_bytes=_peak_rss_bytes())
+                               peak_rss_bytes=peak_resident_bytes())
 
 
 def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
@@ -443,12 +444,3 @@ def _run_on_dask(job: Job, todo, cluster: "Cluster", retries: int, no_worker_tim
     result = run_distributed(job, todo, cluster, retries=retries, no_worker_timeout=no_worker_timeout,
                              on_progress=on_progress, on_dashboard=dashboard)
     return result.stats, result.workers
-
-
-def _peak_rss_bytes() -> int | None:
-    """This process's peak resident memory so far (Linux reports kibibytes, macOS bytes), None where it cannot be read."""
-    try:
-        import resource
-    except ImportError:  # not on this platform
-        return None
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)

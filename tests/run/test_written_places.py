@@ -6,17 +6,15 @@ pointed at the input, a file inside it, an existing finished output, through a s
 under the test's folder stays byte-identical, and nothing is created.
 """
 
-import hashlib
 import json
 import os
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
 from blockpred.cli import main
-from tests.helpers import write_test_volume
+from tests.helpers import snapshot, write_test_volume
 
 RUN = ["--config", "tiny", "--device", "cpu", "--block", "16,32,32", "--no-progress"]
 
@@ -37,16 +35,11 @@ def place(tmp_path_factory):
     return root
 
 
-def _tree(root) -> dict:
-    """Every file and folder under ``root`` with its bytes' digest (None for a folder or a link's name)."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            found[os.path.join(folder, name)] = None
-        for name in files:
-            path = os.path.join(folder, name)
-            found[path] = None if os.path.islink(path) else hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return found
+def _tree(root) -> tuple:
+    """Every file under ``root`` with its bytes, and every folder and link by name: equal trees mean nothing was
+    written, created, deleted or changed."""
+    names = sorted(os.path.join(folder, name) for folder, dirs, files in os.walk(root) for name in dirs + files)
+    return snapshot(root), names
 
 
 def _refused(argv, root, capsys, expect: str) -> None:
