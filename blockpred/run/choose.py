@@ -51,8 +51,16 @@ from .layout import OutputLayout, block_step, choose_layout
 logger = logging.getLogger(__name__)
 
 #: Seconds foreseen for OpenVINO's conversion (or its read from the cache) beyond its passes: ``tiny`` converted
-#: in 1.3-1.4 s on 2 cores, and read from the cache in 0.03 s.
-OPENVINO_TRIAL_S = 1.5
+#: in 0.3 s beyond its trace's pass on 2 cores, and read from the cache in 0.03-0.06 s.
+OPENVINO_TRIAL_S = 0.5
+#: Passes of the start block foreseen in OpenVINO's trial: the trace at a smaller example, torch's pass of the
+#: check, and OpenVINO's three (the check's, a warm-up, the timed one), each shorter than torch's contiguous one.
+OPENVINO_TRIAL_PASSES = 4
+#: Share of the run's estimate (at torch's contiguous start block) that OpenVINO's trial may cost.  Where it wins
+#: (its conversion and check are then the price of running it at all) by 2x or more, as it did for ``tiny``
+#: (2.2-4.7x) and a 12-feature U-Net (2.3x) at their start blocks here (bench/RESULTS.md), a first run that gave
+#: it three quarters of the estimate ends at most a quarter later than unmeasured, and every later run is faster.
+BACKEND_BUDGET_FRACTION = 0.75
 #: Block core when neither the options nor the model say (rounded to the downsampling).
 DEFAULT_BLOCK = Coord((64, 64, 64))
 #: Start block of a network that reads no halo and no context (pointwise: a copy, a threshold, a stand-in):
@@ -288,37 +296,56 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     shape = (1, in_channels) + tuple(geometry.input_shape)
     started = time.perf_counter()
     spent = lambda: time.perf_counter() - started  # noqa: E731
+    predictor_start_backend = predictor.backend
 
-    def choose(budget: float, pass_s: float | None = None) -> tuple[FormatChoice | None, SizeChoice | None]:
+    def choose(budget: float, pass_s: float | None = None,
+               backend_budget: float = 0.0) -> tuple[FormatChoice | None, SizeChoice | None]:
         """What is cached, and within ``budget`` seconds (from ``started``) what is not.
 
         ``pass_s``: a warm pass of the start block in the predictor's layout (contiguous unless named), timed
         on random data: the layout comparison and the first size trial take it instead of running it again.
+        ``backend_budget``: the seconds OpenVINO's trial may take, first (:data:`BACKEND_BUDGET_FRACTION`);
+        the layouts' and sizes' trials take what ``budget`` leaves after it.
         """
         chosen_format = chosen_sizes = None
         known_format = {predictor.memory_format: pass_s} if pass_s is not None and here else None
         if want_format or want_backend:
             layouts = MEMORY_FORMATS if want_format else (predictor.memory_format,)
             backends = ("torch", "openvino") if want_backend else (predictor.backend,)
-            # The passes of a quick trial per layout not yet timed (the estimate's pass is the known one's);
-            # OpenVINO's: its conversion (or the cache's read) and check, an untimed pass and a timed one.
-            untimed = len(layouts) - bool(known_format)
-            cost = quick_trial_passes(predictor.device.type) * untimed * (pass_s or 0.0)
-            if want_backend:
-                cost += OPENVINO_TRIAL_S + 3 * (pass_s or 0.0)
+            skip: list[str] = []
+            cost = 0.0
+            if want_backend and pass_s is not None:
+                backend_cost = OPENVINO_TRIAL_S + OPENVINO_TRIAL_PASSES * pass_s
+                if spent() + backend_cost <= backend_budget:
+                    cost = backend_cost
+                else:
+                    skip.append("openvino")
+            if want_format and pass_s is not None:
+                # The passes of a quick trial per layout not yet timed (the estimate's pass is the known one's).
+                untimed = [name for name in layouts if name not in (known_format or {})]
+                if spent() + cost + quick_trial_passes(predictor.device.type) * len(untimed) * pass_s > budget:
+                    skip += untimed
+            timed = [name for name in (*layouts, *(("openvino",) if want_backend else ()))
+                     if name not in skip and name not in (known_format or {})]
             chosen_format = choose_format(cfg, model, predictor, shape, quick=True, layouts=layouts, backends=backends,
-                                           cached_only=pass_s is None or spent() + cost > budget, known=known_format)
+                                           cached_only=pass_s is None or not timed, known=known_format,
+                                           skip=tuple(skip))
         if want_block or want_batch:
             known: tuple[Trial, ...] = ()
-            seconds = chosen_format.seconds.get(predictor.memory_format) if chosen_format is not None else pass_s
+            seconds = chosen_format.seconds.get(chosen_format.name) if chosen_format is not None else pass_s
             if here and seconds and (chosen_format is None or not chosen_format.cached):
                 known = (Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds),)
+            left = budget - spent()
+            if here and seconds and chosen_format is not None and not chosen_format.cached \
+                    and chosen_format.backend != predictor_start_backend:
+                # A backend that won its trial started there (its conversion is its start-up, not measuring):
+                # the sizes get the budget of the run it now foresees, from here.
+                left = measuring_budget(blocks * seconds)
             # With a known trial the search costs nothing more where the budget is spent: it may still take
             # a larger block untimed (see autosize.pick).
             chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
-                                      fixed_block=None if want_block else block, quick_s=max(0.0, budget - spent()),
-                                      cached_only=budget - spent() <= 0 and not known, known=known,
-                                      host_budget=host_budget)
+                                      fixed_block=None if want_block else block, quick_s=max(0.0, left),
+                                      cached_only=left <= 0 and not known, known=known, host_budget=host_budget)
         return chosen_format, chosen_sizes
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
@@ -339,7 +366,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         else:
             pass_s = spent()
             estimated = blocks * pass_s
-            format_choice, sizing = choose(measuring_budget(estimated), pass_s)
+            format_choice, sizing = choose(measuring_budget(estimated), pass_s, BACKEND_BUDGET_FRACTION * estimated)
     measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
     found = format_choice is not None or sizing is not None
     if measured:
@@ -436,16 +463,16 @@ def wants_backend(cfg: RunConfig, model, predictor: Predictor) -> bool:
 def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
                    repeats: int = FORMAT_REPEATS, cached_only: bool = False,
                    known: dict | None = None, quick: bool = False, layouts: tuple[str, ...] = MEMORY_FORMATS,
-                   backends: tuple[str, ...] = ("torch",)) -> FormatChoice | None:
+                   backends: tuple[str, ...] = ("torch",), skip: tuple[str, ...] = ()) -> FormatChoice | None:
     """The faster memory format (and, with ``openvino`` among ``backends``, backend), measured on this process's
     device, or with ``--scheduler`` on a worker's (torch's layouts only).
 
-    None when ``cached_only`` finds nothing cached.  ``quick``: see :func:`choose_memory_format`.
+    None when ``cached_only`` finds nothing cached.  ``quick``, ``skip``: see :func:`choose_memory_format`.
     """
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
         choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only,
-                                      known=known, quick=quick, layouts=layouts, backends=backends)
+                                      known=known, quick=quick, layouts=layouts, backends=backends, skip=skip)
     else:
         from ..cluster.scheduler import run_on_a_worker
 

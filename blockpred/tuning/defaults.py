@@ -22,7 +22,13 @@ and a timed pass on a GPU, one cold pass on a CPU:
 :func:`blockpred.tuning.sizing.quick_trial_passes`), and only when those fit the
 budget; the faster layout's pass is the first size trial,
 and the sizes search the rest of the budget (the search starts no trial it
-foresees ending past it).  A cached search is timed again where one
+foresees ending past it).  On the CPU, where OpenVINO is installed and ``--backend`` is ``auto``, its
+trial comes first, on a budget of its own (three quarters of the estimate:
+:data:`blockpred.run.choose.BACKEND_BUDGET_FRACTION`), since a winning
+trial's conversion is what running OpenVINO costs anyway and it ran 2.2-4.7x
+as fast as torch's contiguous pass at ``tiny``'s start block here; torch's other layout and the sizes
+take what the quarter leaves after it, and a layout left untimed loses (the
+choice is cached all the same).  A cached search is timed again where one
 measurement may have met a busy machine (:func:`blockpred.tuning.autosize.recheck`).
 A named option is never measured or changed.  Different layouts, batches and
 blocks give the same values up to float rounding (and, for blocks, up to what

@@ -41,6 +41,8 @@ from .sizing import quick_trial_passes
 
 REPEATS = 2
 MIN_GAIN = 0.05
+#: A candidate's seconds where the run's budget left it untimed (it loses; JSON has no infinity).
+NOT_TIMED = "not timed"
 
 
 #: What is timed under each name: (backend, memory format).
@@ -57,18 +59,25 @@ class FormatChoice:
     #: What runs the network (``torch`` or ``openvino``).
     backend: str = "torch"
 
+    @property
+    def name(self) -> str:
+        """The winner's name among :data:`CANDIDATES` (its key in :attr:`seconds`)."""
+        return "openvino" if self.backend == "openvino" else self.memory_format
+
     def __str__(self) -> str:
         times = ", ".join(f"{name} {s:.3f} s" if s is not None else f"{name} out of memory or not converted"
-                          for name, s in self.seconds.items())
-        what = "openvino" if self.backend == "openvino" else self.memory_format
-        return f"{what} (per pass: {times}; {'cached' if self.cached else 'measured'})"
+                          for name, s in self.seconds.items() if s != NOT_TIMED)
+        skipped = [name for name, s in self.seconds.items() if s == NOT_TIMED]
+        if skipped:
+            times += f"; not timed within the run's budget: {', '.join(skipped)}"
+        return f"{self.name} (per pass: {times}; {'cached' if self.cached else 'measured'})"
 
 
 def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], model_key: dict,
                          cache: JsonFile | None = None, repeats: int = REPEATS, cached_only: bool = False,
                          known: Mapping[str, float] | None = None, quick: bool = False,
                          layouts: tuple[str, ...] = MEMORY_FORMATS,
-                         backends: tuple[str, ...] = ("torch",)) -> FormatChoice | None:
+                         backends: tuple[str, ...] = ("torch",), skip: tuple[str, ...] = ()) -> FormatChoice | None:
     """The faster layout (and backend) for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
 
     ``repeats``: timed passes per layout after a warm-up.  ``quick`` (the measured defaults): the passes
@@ -76,6 +85,8 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
     ``cached_only``: None instead of a measurement when nothing is cached.
     ``known``: seconds per (warm) pass already measured for some layouts at this shape: not measured again.
     ``layouts``: torch's layouts to compare (one: a named layout); ``backends``: ``openvino`` among them adds it.
+    ``skip``: candidates the run's budget leaves untimed: they lose, and the choice is cached under the full
+    set of candidates all the same (a later run reads it rather than measuring again).
     """
     names = ([*layouts] if "torch" in backends else []) + (["openvino"] if "openvino" in backends else [])
     cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
@@ -92,14 +103,15 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
     else:
         known = dict(known or {})
         warmups, repeats = (quick_trial_passes(predictor.device.type) - 1, 1) if quick else (1, repeats)
-        seconds = {name: known[name] if name in known
+        seconds = {name: known[name] if name in known else math.inf if name in skip
                    else _seconds_per_pass(predictor, name, batch_shape, warmups, repeats)
                    for name in names}
         base = "contiguous" if "contiguous" in seconds else names[0]
         fastest = min(seconds, key=seconds.get)
         winner = fastest if seconds[fastest] < (1 - MIN_GAIN) * seconds[base] else base
         backend, layout = CANDIDATES[winner]
-        seconds = {name: (s if math.isfinite(s) else None) for name, s in seconds.items()}  # JSON: no inf
+        seconds = {name: NOT_TIMED if name in skip else (seconds[name] if math.isfinite(seconds[name]) else None)
+                   for name in names}  # JSON: no inf
         choice = FormatChoice(layout, seconds, backend=backend)
         entries = cache.read()
         entries[key] = {"memory_format": layout, "backend": backend, "seconds": seconds}

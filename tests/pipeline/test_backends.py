@@ -143,6 +143,17 @@ def test_auto_times_openvino_beside_the_layouts_and_caches_its_choice(tmp_path):
     again = choose_memory_format(predictor, shape, {"name": "tiny"}, cache=cache, quick=True,
                                  backends=("torch", "openvino"))
     assert again.cached and (again.backend, again.memory_format) == (first.backend, first.memory_format)
+    # A run whose budget times OpenVINO but not torch's other layout: cached under every candidate all the same.
+    from blockpred.tuning.memformat import NOT_TIMED
+
+    short = choose_memory_format(predictor, (1, 1, 20, 20, 20), {"name": "tiny"}, cache=cache, quick=True,
+                                 backends=("torch", "openvino"), skip=("channels_last",),
+                                 known={"contiguous": 1e9})  # torch's pass "known" slow: OpenVINO wins
+    assert short.seconds["channels_last"] == NOT_TIMED and short.backend == "openvino" and not short.cached
+    assert "not timed within the run's budget: channels_last" in str(short)
+    read = choose_memory_format(predictor, (1, 1, 20, 20, 20), {"name": "tiny"}, cache=cache, quick=True,
+                                backends=("torch", "openvino"), cached_only=True)
+    assert read.cached and read.backend == "openvino"
 
 
 def test_openvino_is_refused_in_one_line_off_the_cpu_or_compiled():
