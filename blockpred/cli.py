@@ -222,6 +222,22 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--in-channels", type=int, help="input channels, where the network does not say [1]")
     check.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
+    serve = sub.add_parser("serve", help="look before you run: serve the prediction to neuroglancer, each block "
+                           "predicted when first looked at", description="Serve INPUT and its prediction as OME-Zarr "
+                           "over HTTP; a chunk of the prediction is a block of `run`, predicted on request.")
+    serve.add_argument("input", help="as for run")
+    serve.add_argument("output", nargs="?", help="write every block viewed here too, so that `run` with the same "
+                       "options skips it [a temporary folder, removed when the server stops]")
+    serve.add_argument("--config", help="as for run")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1: this machine only]")
+    serve.add_argument("--port", type=int, default=8000, help="port [8000; 0: any free one]")
+    serve.add_argument("--cache-mb", type=float, default=256, help="MiB of encoded chunks kept in memory [256]")
+    serve.add_argument("--viewer", action="store_true", help="open a neuroglancer viewer of this process on both "
+                       "layers and print its URL (pip install 'blockpred[viewer]')")
+    serve.add_argument("--cors-origin", action="append", help="an origin whose pages may read the served data "
+                       "(repeatable) [neuroglancer's public client, and with --viewer the local one]")
+    _add_run_options(serve)
+
     demo = sub.add_parser("demo", help="predict a synthetic EM volume with the default network")
     demo.add_argument("--dir", default="blockpred-demo", help="where to write the demo volume and output [./blockpred-demo]")
     demo.add_argument("--shape", default="128,256,256", help="demo volume shape Z,Y,X [128,256,256]")
@@ -323,6 +339,15 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve.command import serve_command
+
+    options = {key: getattr(args, key) for key in _RUN_KEYS}
+    return serve_command(args.input, args.output, config=args.config, options=options, host=args.host,
+                         port=args.port, cache_mb=args.cache_mb, open_viewer=args.viewer,
+                         cors_origins=args.cors_origin)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench.command import bench_command
 
@@ -334,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        commands = {"run": _run, "plan": _plan, "bench": _bench, "demo": _demo, "check-model": _check_model}
+        commands = {"run": _run, "plan": _plan, "bench": _bench, "demo": _demo, "check-model": _check_model,
+                    "serve": _serve}
         return commands[args.command](args)
     except Exception as err:  # noqa: BLE001 - every error is one line (with --debug, its traceback)
         if args.debug:

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "blockpred"
 #: never a higher one, nor another part of its own layer.
 LAYERS = {
     "core": 0,       # geometry, errors, choices, cache, events, progress, normalize: the shared vocabulary
-    "io": 1, "models": 2, "pipeline": 3, "config": 4, "tuning": 5, "cluster": 5, "run": 6, "bench": 7,
+    "io": 1, "models": 2, "pipeline": 3, "config": 4, "tuning": 5, "cluster": 5, "run": 6, "bench": 7, "serve": 7,
     "entry": 8,      # cli, demo, __init__, __main__
 }
 CORE = {"geometry", "errors", "choices", "cache", "events", "progress", "normalize"}

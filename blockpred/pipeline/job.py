@@ -120,18 +120,18 @@ class JobStream:
     A dask worker keeps one per job: each task's :meth:`run` queues its blocks
     behind the previous task's, so the device does not drain between tasks.
     ``on_block_done(block)`` runs after each block's mark (a worker's progress
-    reports).
+    reports); ``newest_first``: see :class:`BlockStream` (a server's requests).
     """
 
     def __init__(self, job: Job, predictor: Predictor, backoff: Backoff,
-                 on_block_done: Callable[[Block], None] | None = None):
+                 on_block_done: Callable[[Block], None] | None = None, newest_first: bool = False):
         self.job = job
         self._source = open_volume(job.source)
         self._sink = open_volume(job.target, mode="r+")
         self.stream = BlockStream(_pipeline(job, self._source, self._sink, predictor, backoff),
                                   max_failures=job.settings.max_failures,
                                   on_block_done=_marking(job.markers, on_block_done),
-                                  on_block_skipped=job.markers.mark_skipped)
+                                  on_block_skipped=job.markers.mark_skipped, newest_first=newest_first)
 
     def run(self, block_ids: Iterable[int]) -> RunStats:
         """Run the blocks ``block_ids``; their counts, or :class:`BlockFailedError` once all are through."""

@@ -11,6 +11,13 @@ flight), the next call's blocks are read while the current call's last
 batches are on the device, so the device never drains between tasks.
 
 Bookkeeping costs a dictionary entry and a lock per block, on the worker.
+
+A server (``blockpred serve``) feeds it one request at a time without waiting:
+:meth:`BlockStream.submit` queues a call and returns its ticket, whose
+``on_finished`` runs when it is through; with ``newest_first`` the newest call
+is served first (the viewer's latest view), and :meth:`BlockStream.withdraw`
+takes back a call none of whose blocks has entered the pipeline (its request
+went away).
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ class _Ticket:
     started: float | None = None
     error: BaseException | None = None
     finished: threading.Event = field(default_factory=threading.Event)
+    #: Called (on whichever thread finished it, without the stream's lock) once the call is through.
+    on_finished: Callable[["_Ticket"], None] | None = None
+    withdrawn: bool = False
 
 
 class BlockStream:
@@ -64,7 +74,7 @@ class BlockStream:
 
     def __init__(self, runner: Callable[..., RunStats], *, max_failures: int,
                  on_block_done: Callable[[Block], None] | None = None,
-                 on_block_skipped: Callable[[Block], None] | None = None):
+                 on_block_skipped: Callable[[Block], None] | None = None, newest_first: bool = False):
         #: Unique among the pipelines of every process (a restarted worker's counter starts again).
         self.id = f"{os.getpid()}-{next(_IDS)}"
         #: The pipeline's stage times, summed over every call so far (read while it runs).
@@ -76,6 +86,7 @@ class BlockStream:
         self._open: set[_Ticket] = set()  # tickets not finished
         self._owner: dict[tuple[int, ...], deque[_Ticket]] = {}  # block index -> tickets it was handed out for
         self._closed = False
+        self._newest_first = newest_first
         self._stopped: BaseException | None = None
         self._busy_s, self._busy_since = 0.0, 0.0
         self._thread = threading.Thread(target=self._run, name=f"blockpred-stream-{self.id}", daemon=True)
@@ -90,7 +101,12 @@ class BlockStream:
         index in ``failed``) once all are through, and :class:`StreamStoppedError`
         when the pipeline itself stopped (or any error of iterating ``blocks``).
         """
-        ticket = _Ticket(iter(blocks))
+        return self.outcome(self.submit(blocks), wait=True)
+
+    def submit(self, blocks: Iterable[Block], on_finished: Callable[[_Ticket], None] | None = None) -> _Ticket:
+        """Queue ``blocks`` as one call and return at once; ``on_finished(ticket)`` once it is through (then
+        :meth:`outcome` says how)."""
+        ticket = _Ticket(iter(blocks), on_finished=on_finished)
         with self._lock:
             if self._closed:
                 raise StreamStoppedError(f"the block stream is closed{self._reason()}")
@@ -99,12 +115,33 @@ class BlockStream:
             self._open.add(ticket)
             self._queued.append(ticket)
             self._lock.notify_all()
-        ticket.finished.wait()
+        return ticket
+
+    @staticmethod
+    def outcome(ticket: _Ticket, wait: bool = False) -> RunStats:
+        """A call's counts; raises as :meth:`run` does.  ``wait``: until it is through."""
+        if wait:
+            ticket.finished.wait()
         if ticket.error is not None:
             raise ticket.error
         if ticket.failures:
             raise_failures(ticket.failures)
         return ticket.counts
+
+    def withdraw(self, ticket: _Ticket) -> bool:
+        """Take back a call none of whose blocks has entered the pipeline: it finishes with nothing done.
+        False (and nothing changes) once one has."""
+        with self._lock:
+            if ticket.outstanding or ticket.started is not None or ticket not in self._open:
+                return False
+            ticket.withdrawn = True
+            ticket.blocks = iter(())
+            if ticket in self._queued:
+                self._queued.remove(ticket)
+            ticket.exhausted = True
+            done = self._finish(ticket)
+        self._announce(done)
+        return True
 
     @property
     def busy_s(self) -> float:
@@ -148,12 +185,15 @@ class BlockStream:
         with self._lock:
             self._closed = True
             self._stopped = error
+            done = []
             for ticket in list(self._open):
                 ticket.error = StreamStoppedError(f"the block stream stopped: {error}" if error is not None
                                                   else "the block stream closed before these blocks ran")
                 ticket.error.__cause__ = error
-                self._finish(ticket)
+                done.append(self._finish(ticket))
             self._queued.clear()
+        for ticket in done:
+            self._announce(ticket)
 
     def _blocks(self) -> Iterator[Block | Idle]:
         """The queued calls' blocks in order; :class:`Idle` when there are none for now; ends on close."""
@@ -178,24 +218,28 @@ class BlockStream:
             with self._lock:
                 if not self._queued:
                     return None
-                ticket = self._queued[0]
+                ticket = self._queued[-1 if self._newest_first else 0]
                 blocks = ticket.blocks
             try:
                 block, error = next(blocks, None), None
             except Exception as err:  # noqa: BLE001 - a bad block list fails its call only (raised by run)
                 block, error = None, err
+            done = None
             with self._lock:
+                if ticket.withdrawn:  # taken back while its iterator ran: the block is not handed out
+                    continue
                 if block is not None:
                     ticket.outstanding += 1
                     if ticket.started is None:
                         ticket.started = time.perf_counter()
                     self._owner.setdefault(block.index, deque()).append(ticket)
                     return block
-                self._queued.popleft()
+                self._queued.remove(ticket)
                 ticket.exhausted = True
                 ticket.error = ticket.error or error
                 if ticket.outstanding == 0:
-                    self._finish(ticket)
+                    done = self._finish(ticket)
+            self._announce(done)
 
     def _wait(self) -> None:
         with self._lock:
@@ -218,6 +262,7 @@ class BlockStream:
 
     def _settle(self, block: Block, outcome: str, error: BlockFailedError | None = None) -> None:
         """``block`` is written, skipped or failed: its call hears of it."""
+        done = None
         with self._lock:
             owners = self._owner.get(block.index)
             if not owners:
@@ -236,18 +281,27 @@ class BlockStream:
                 if (len(ticket.failures) >= self._max_failures or error.permanent) and not ticket.exhausted:
                     ticket.blocks = iter(())  # withdrawn: handed out no further
             if ticket.exhausted and ticket.outstanding == 0:
-                self._finish(ticket)
+                done = self._finish(ticket)
+        self._announce(done)
 
-    def _finish(self, ticket: _Ticket) -> None:
-        """(lock held) The call may return."""
+    def _finish(self, ticket: _Ticket) -> _Ticket | None:
+        """(lock held) The call may return; the ticket, for :meth:`_announce` once the lock is released (None
+        when it was finished before)."""
         if ticket not in self._open:
-            return
+            return None
         now = time.perf_counter()
         ticket.counts.seconds = now - ticket.started if ticket.started is not None else 0.0
         self._open.discard(ticket)
         if not self._open:
             self._busy_s += now - self._busy_since
         ticket.finished.set()
+        return ticket
+
+    @staticmethod
+    def _announce(ticket: _Ticket | None) -> None:
+        """(lock released) A finished call's ``on_finished``."""
+        if ticket is not None and ticket.on_finished is not None:
+            ticket.on_finished(ticket)
 
     def _reason(self) -> str:
         return f" (it stopped on: {self._stopped})" if self._stopped is not None else ""

@@ -32,7 +32,7 @@ import numpy as np
 from ..pipeline import DeviceSteps, Predictor
 from ..pipeline.backends import cpu_bf16, openvino_available
 from ..tuning.precision import differences
-from .choose import wants_backend
+from .formats import wants_backend
 
 #: The precisions torch runs through autocast, and OpenVINO (bf16) may run itself.
 LOW = ("fp16", "bf16")
@@ -40,7 +40,7 @@ LOW = ("fp16", "bf16")
 
 def openvino_bf16(cfg, model, predictor: Predictor) -> bool:
     """Whether ``--backend auto`` runs OpenVINO, unmeasured: at bf16, where ``auto`` would measure OpenVINO
-    (:func:`blockpred.run.choose.wants_backend`) and the CPU computes bf16 (AMX or AVX512-BF16)."""
+    (:func:`blockpred.run.formats.wants_backend`) and the CPU computes bf16 (AMX or AVX512-BF16)."""
     return predictor.precision == "bf16" and wants_backend(cfg, model, predictor) and bool(cpu_bf16())
 
 

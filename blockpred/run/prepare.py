@@ -42,16 +42,9 @@ from ..pipeline.padding import read_padded
 from ..tuning.defaults import Defaults
 from ..tuning.hostbudget import named_block_warning, run_budget
 from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
-from .choose import (
-    check_channels,
-    choose_format,
-    model_key_of,
-    network_field_of,
-    plan_layout,
-    start_format,
-    wants_backend,
-)
+from .choose import check_channels, network_field_of, plan_layout, start_format
 from .cpu_precision import LOW, compare_with_fp32, openvino_bf16, slow_precision_warning
+from .formats import choose_format, model_key_of, wants_backend
 from .layout import OutputLayout, block_step
 from .mask import Mask
 from .output import check_inodes, check_place_free

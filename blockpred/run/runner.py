@@ -42,7 +42,7 @@ from ..progress import ProgressBar
 from ..tuning.autosize import SizeChoice
 from ..tuning.defaults import Defaults
 from ..tuning.memformat import FormatChoice
-from .choose import model_key_of
+from .formats import model_key_of
 from .output import create_output
 from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog
 from .prepare import prepare, resolve_paths

@@ -24,7 +24,7 @@ budget; the faster layout's pass is the first size trial,
 and the sizes search the rest of the budget (the search starts no trial it
 foresees ending past it).  On the CPU, where OpenVINO is installed and ``--backend`` is ``auto``, its
 trial comes first, on a budget of its own (three quarters of the estimate:
-:data:`blockpred.run.choose.BACKEND_BUDGET_FRACTION`), since a winning
+:data:`blockpred.run.formats.BACKEND_BUDGET_FRACTION`), since a winning
 trial's conversion is what running OpenVINO costs anyway and it ran 2.2-4.7x
 as fast as torch's contiguous pass at ``tiny``'s start block here; torch's other layout and the sizes
 take what the quarter leaves after it, and a layout left untimed loses (the

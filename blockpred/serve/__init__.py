@@ -1,0 +1,144 @@
+"""``blockpred serve``: a prediction served to a viewer as it is asked for, block by block, exact and cached.
+
+:func:`serve` opens the run (:mod:`.session`: the checks, plan, lock and output of
+``blockpred run``), serves its prediction and its input as OME-NGFF zarr trees
+(:mod:`.tree`) over HTTP (:mod:`.http`), and predicts a block when a chunk of it
+is first asked for (:mod:`.work`).  :func:`serving` does the same on a thread of
+its own and returns at once (a notebook, a test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .http import DEFAULT_ORIGINS, make_app
+from .session import Session, open_session
+from .tree import ServedTree
+from .work import BlockWork
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Served", "serve", "serving"]
+
+
+@dataclass
+class Served:
+    """A running server: where it is and what it serves."""
+
+    host: str
+    port: int
+    fingerprint: str
+    session: Session
+    work: BlockWork
+    #: A neuroglancer link (with the neuroglancer package), else None.
+    neuroglancer: str | None = None
+
+    @property
+    def base(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/{self.fingerprint}"
+
+    @property
+    def prediction_url(self) -> str:
+        return f"{self.base}/prediction.zarr"
+
+    @property
+    def raw_url(self) -> str:
+        return f"{self.base}/raw.zarr"
+
+    @property
+    def status_url(self) -> str:
+        return f"{self.base}/status.json"
+
+    def index(self) -> dict:
+        return {"prediction": self.prediction_url, "raw": self.raw_url, "status": self.status_url,
+                "neuroglancer": self.neuroglancer, "block": list(self.work.plan.block_shape),
+                "output": None if self.session.temporary else str(self.session.target_path)}
+
+
+async def _start(session: Session, host: str, port: int, cache_mb: float, origins: tuple[str, ...],
+                 link: Callable[["Served"], str | None] | None) -> tuple[Served, Any]:
+    import tornado.httpserver
+    import tornado.netutil
+
+    plan = session.job.plan
+    prediction = ServedTree(session.source_shape, session.output_channels(), session.output_dtype(),
+                            plan.block_shape, session.input_voxel_size)
+    raw = ServedTree(session.source_shape, session.input_channels, session.input_dtype, plan.block_shape,
+                     session.input_voxel_size)
+    work = BlockWork(plan=plan, stream=session.stream.stream, finished=session.markers.finished(),
+                     prediction=prediction, raw=raw, read_output=session.read_output, read_input=session.read_input,
+                     cache_bytes=int(cache_mb * 2**20))
+    sockets = tornado.netutil.bind_sockets(port, address=host)
+    served = Served(host, sockets[0].getsockname()[1], session.fingerprint, session, work)
+    if link is not None:
+        served.neuroglancer = link(served)
+    server = tornado.httpserver.HTTPServer(make_app(work, session.fingerprint, served.index(), origins))
+    server.add_sockets(sockets)
+    return served, server
+
+
+def serve(input, output=None, *, config=None, host: str = "127.0.0.1", port: int = 8000, cache_mb: float = 256,
+          cors_origins: tuple[str, ...] = DEFAULT_ORIGINS, on_ready: Callable[[Served], None] | None = None,
+          link: Callable[[Served], str | None] | None = None, **options: Any) -> None:
+    """Serve the prediction of ``input`` (into ``output``, else a temporary one) until interrupted.
+
+    ``options`` are :func:`blockpred.predict`'s.  ``on_ready(served)`` once the server listens; ``link(served)``
+    makes :attr:`Served.neuroglancer`.
+    """
+    with open_session(input, output, config, options) as session:
+        async def main() -> None:
+            served, server = await _start(session, host, port, cache_mb, tuple(cors_origins), link)
+            try:
+                if on_ready is not None:
+                    on_ready(served)
+                await asyncio.Event().wait()  # until interrupted
+            finally:
+                server.stop()
+                served.work.close()
+
+        asyncio.run(main())
+
+
+@contextlib.contextmanager
+def serving(input, output=None, *, config=None, host: str = "127.0.0.1", port: int = 0, cache_mb: float = 256,
+            cors_origins: tuple[str, ...] = DEFAULT_ORIGINS, **options: Any) -> Iterator[Served]:
+    """:func:`serve` on a thread of its own: the running server, stopped when the block ends (``port`` 0: any)."""
+    ready: dict = {}
+    started = threading.Event()
+    with open_session(input, output, config, options) as session:
+        loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                ready["served"], ready["server"] = loop.run_until_complete(
+                    _start(session, host, port, cache_mb, tuple(cors_origins), None))
+            except BaseException as err:  # noqa: BLE001 - raised by the caller's thread
+                ready["error"] = err
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+
+        thread = threading.Thread(target=run, name="blockpred-serve", daemon=True)
+        thread.start()
+        started.wait()
+        if "error" in ready:
+            raise ready["error"]
+        try:
+            yield ready["served"]
+        finally:
+            def stop() -> None:
+                ready["server"].stop()
+                loop.stop()
+
+            loop.call_soon_threadsafe(stop)
+            thread.join()
+            ready["served"].work.close()
+            loop.close()

@@ -1,0 +1,147 @@
+"""The HTTP side of ``blockpred serve``: tornado, read-only, one tree per served volume.
+
+``GET``/``HEAD`` of ``/<fingerprint>/prediction.zarr/<key>`` and
+``/<fingerprint>/raw.zarr/<key>`` answer a zarr key of :class:`~.tree.ServedTree`;
+``/<fingerprint>/status.json`` says what the server did; ``/`` says what is
+served.  Everything else is 404 (an unknown fingerprint too: a page of an older
+run's URL asks again rather than reading stale data), any method but GET, HEAD
+and OPTIONS is 405 (tornado's own answer), and a request tornado cannot parse is
+its 400.  A block whose network fails is answered 500 for that chunk only.  A key
+is parsed into integers before anything is read (:meth:`~.tree.ServedTree.chunk_key`):
+no key reaches a file.
+
+Cross-origin reads are allowed for the origins named (``--cors-origin``; by
+default neuroglancer's public client and, with ``--viewer``, the local one),
+never for any origin: a page the user happens to visit must not read the data
+through their browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import tornado.web
+
+from ..errors import BlockFailedError
+from .work import BlockWork
+
+logger = logging.getLogger(__name__)
+
+#: neuroglancer's public client: a served URL pasted there is read from it.
+DEFAULT_ORIGINS = ("https://neuroglancer-demo.appspot.com",)
+_TREES = ("prediction", "raw")
+
+
+class _Handler(tornado.web.RequestHandler):
+    SUPPORTED_METHODS = ("GET", "HEAD", "OPTIONS")
+
+    def initialize(self, app_state: dict) -> None:
+        self.state = app_state
+        self._gone: asyncio.Future | None = None
+
+    def set_default_headers(self) -> None:
+        origin = self.request.headers.get("Origin")
+        if origin is not None and origin in self.state["origins"]:
+            self.set_header("Access-Control-Allow-Origin", origin)
+            self.set_header("Vary", "Origin")
+            self.set_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
+            self.set_header("Access-Control-Allow-Headers", "Range, Content-Type")
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+    def options(self, *args) -> None:
+        self.set_status(204)
+        self.finish()
+
+    def write_error(self, status_code: int, **kwargs) -> None:  # a short line, never a traceback
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(f"{status_code} {self._reason}\n")
+
+    def on_connection_close(self) -> None:
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
+
+
+class IndexHandler(_Handler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(self.state["index"], indent=1) + "\n")
+
+    head = get
+
+
+class StatusHandler(_Handler):
+    def get(self, fingerprint: str) -> None:
+        if fingerprint != self.state["fingerprint"]:
+            raise tornado.web.HTTPError(404)
+        work: BlockWork = self.state["work"]
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(work.counts.as_dict()) + "\n")
+
+    head = get
+
+
+class KeyHandler(_Handler):
+    async def get(self, fingerprint: str, name: str, key: str) -> None:
+        work: BlockWork = self.state["work"]
+        if fingerprint != self.state["fingerprint"] or name not in _TREES:
+            raise tornado.web.HTTPError(404)
+        tree = work.trees[name]
+        document = tree.document(key)
+        if document is not None:
+            self.set_header("Content-Type", "application/json")
+            self.finish(document)
+            return
+        chunk = tree.chunk_key(key)
+        if chunk is None:
+            raise tornado.web.HTTPError(404)
+        self._gone = asyncio.get_running_loop().create_future()
+        try:
+            data = await work.chunk(name, chunk, self._gone)
+        except BlockFailedError:
+            raise tornado.web.HTTPError(500, reason="the network failed on this block") from None
+        if self._gone.done():
+            return  # the request went away: nothing to answer
+        if data is None:
+            raise tornado.web.HTTPError(404)
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Cache-Control", "public, max-age=31536000, immutable")  # the URL names the run
+        if self.request.method == "HEAD":
+            self.set_header("Content-Length", str(len(data)))
+            self.finish()
+        else:
+            self.finish(data)
+
+    head = get
+
+
+def make_app(work: BlockWork, fingerprint: str, index: dict, origins: tuple[str, ...]) -> tornado.web.Application:
+    state = {"work": work, "fingerprint": fingerprint, "index": index, "origins": frozenset(origins)}
+    return tornado.web.Application([
+        (r"/", IndexHandler, {"app_state": state}),
+        (r"/([0-9a-f]+)/status\.json", StatusHandler, {"app_state": state}),
+        (r"/([0-9a-f]+)/(prediction|raw)\.zarr/(.*)", KeyHandler, {"app_state": state}),
+    ], default_handler_class=_NotFound, default_handler_args={"app_state": state}, compress_response=False,
+        serve_traceback=False, log_function=_log)
+
+
+class _NotFound(_Handler):
+    def prepare(self) -> None:
+        if self.request.method == "OPTIONS":
+            return
+        raise tornado.web.HTTPError(404)
+
+    def get(self, *args) -> None:  # pragma: no cover - prepare answered
+        raise tornado.web.HTTPError(404)
+
+    head = get
+
+
+def _log(handler: tornado.web.RequestHandler) -> None:
+    """Requests at DEBUG (a viewer asks hundreds a second); 5xx at WARNING."""
+    status = handler.get_status()
+    level = logging.WARNING if status >= 500 else logging.DEBUG
+    logger.log(level, "%d %s %s %.1f ms", status, handler.request.method, handler.request.uri,
+               1000 * handler.request.request_time())
