@@ -40,10 +40,11 @@ class _Handler(tornado.web.RequestHandler):
     def initialize(self, app_state: dict) -> None:
         self.state = app_state
         self._gone: asyncio.Future | None = None
+        self.clear()  # tornado set the default headers before the state was here: again, with it
 
     def set_default_headers(self) -> None:
         origin = self.request.headers.get("Origin")
-        if origin is not None and origin in self.state["origins"]:
+        if origin is not None and origin in getattr(self, "state", {}).get("origins", ()):
             self.set_header("Access-Control-Allow-Origin", origin)
             self.set_header("Vary", "Origin")
             self.set_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")

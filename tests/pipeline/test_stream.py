@@ -240,3 +240,43 @@ def test_a_cancelled_close_finishes_only_the_blocks_in_the_pipeline(setup, tmp_p
     assert not stream.alive and not outcome["thread"].is_alive()
     counts = outcome["result"]
     assert 1 <= counts.num_blocks < 32 and counts.num_blocks == len(recorder.written)
+
+
+def test_newest_first_serves_the_latest_call_first_and_a_withdrawn_call_is_never_read(setup, tmp_path):
+    """What ``blockpred serve`` feeds: one call per request, the newest first, a request gone taken back."""
+    plan = setup["plan"]
+    gate, entered, finished = threading.Event(), threading.Event(), []
+
+    handed: list = []
+
+    def gated(blocks):
+        entered.set()
+        gate.wait()
+        yield from handing(blocks)
+
+    def handing(blocks):
+        for block in blocks:
+            handed.append(block.index)
+            yield block
+
+    recorder = Recorder()
+    with _sink(str(tmp_path / "out.zarr")) as sink:
+        runner = functools.partial(run_blocks, source=open_volume(setup["source"]), sink=sink,
+                                   predictor=setup["predictor"], settings=_settings(setup["model"]),
+                                   skip=recorder.skip)
+        stream = BlockStream(runner, max_failures=1, on_block_done=recorder.done, newest_first=True)
+        try:
+            first = stream.submit(gated([plan.block_from_id(0)]), on_finished=finished.append)
+            assert entered.wait(30)  # the stream's thread waits in the first call's blocks
+            later = [stream.submit(handing([plan.block_from_id(i)]), on_finished=finished.append) for i in (1, 2, 3)]
+            assert stream.withdraw(later[1])  # block 2's request went away before it was handed out
+            assert later[1] in finished and stream.outcome(later[1]).num_blocks == 0
+            gate.set()
+            for ticket in (first, later[0], later[2]):
+                assert stream.outcome(ticket, wait=True).num_blocks == 1
+            assert not stream.withdraw(first)  # through: nothing to take back
+        finally:
+            stream.close()
+    assert handed == [plan.block_from_id(i).index for i in (0, 3, 1)]  # the first was being handed; then the newest
+    assert set(recorder.read) == set(handed)  # the withdrawn block was never read
+    assert set(finished) == {first, *later} and len(finished) == 4

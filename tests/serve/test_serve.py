@@ -1,0 +1,205 @@
+"""``blockpred serve``: what a viewer reads over HTTP is what ``blockpred run`` writes, each block computed once,
+hostile requests refused, viewed blocks written through for ``run`` to skip, and Ctrl-C ending it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blockpred
+from blockpred.io import open_volume
+from blockpred.serve import serving
+from tests.helpers import write_test_volume
+
+pytest.importorskip("tornado")
+ts = pytest.importorskip("tensorstore")
+
+#: Pinned: the same blocks in the same batches as the run each test compares with.
+PINNED = dict(block=(16, 16, 16), halo=(4, 4, 4), batch_size=1, device="cpu", backend="torch",
+              memory_format="contiguous", progress=False)
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory) -> str:
+    data = np.random.default_rng(3).integers(0, 250, (24, 40, 48), dtype=np.uint8)  # 2x3x3 blocks, edges cut
+    data[18:22, 34:38, 40:44] = 255  # the marker FailsOnMarker raises on: block (1, 2, 2) only
+    return write_test_volume(str(tmp_path_factory.mktemp("serve") / "v.zarr"), data)
+
+
+def _read(url: str) -> np.ndarray:
+    return ts.open({"driver": "zarr", "kvstore": {"driver": "http", "base_url": url}}).result().read().result()
+
+
+def _status(served) -> dict:
+    return json.loads(urllib.request.urlopen(served.status_url).read())
+
+
+def _get(url: str, method: str = "GET") -> int:
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, method=method)).status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _logged(tmp_path: Path) -> dict:
+    log = tmp_path / "passes.log"
+    return dict(model="tests.networks:logged", model_kwargs={"log_path": str(log)}, trust_pickle=True), log
+
+
+def test_the_served_prediction_is_what_run_writes_and_the_raw_is_the_input(volume, tmp_path):
+    with serving(volume, None, model="tiny", **PINNED) as served:
+        got = _read(served.prediction_url + "/0")
+        raw = _read(served.raw_url + "/0")
+        coarse = _read(served.prediction_url + "/1")  # every block predicted: the coarser level is made
+        counts = _status(served)
+    summary = blockpred.predict(volume, str(tmp_path / "run.zarr"), model="tiny", **PINNED)
+    written = open_volume(summary.output)
+    np.testing.assert_array_equal(got, written.read(written.box))  # bitwise: same blocks, batches, threads
+    source = open_volume(volume)
+    np.testing.assert_array_equal(raw, source.read(source.box))
+    assert coarse.shape == (2, 12, 20, 24) and np.isfinite(coarse).all() and coarse.any()
+    assert counts["blocks_predicted"] == summary.plan.num_blocks == 18 and counts["blocks_failed"] == 0
+
+
+def test_sixteen_readers_of_overlapping_chunks_get_each_block_computed_once(volume, tmp_path):
+    options, log = _logged(tmp_path)
+    keys = [f"0/0.{z}.{y}.{x}" for z in range(2) for y in range(3) for x in range(3)]
+    answers: dict = {}
+
+    def reader(seed: int) -> None:
+        order = keys[:]
+        random.Random(seed).shuffle(order)
+        answers[seed] = {key: urllib.request.urlopen(f"{served.prediction_url}/{key}").read() for key in order}
+
+    with serving(volume, None, **options, **PINNED) as served:
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        counts = _status(served)
+    assert len(answers) == 16 and all(answer == answers[0] for answer in answers.values())
+    passes = log.read_text().split()
+    assert len(passes) == len(set(passes)) == 18  # each block's input through the network once
+    assert counts["blocks_predicted"] == 18 and counts["requests"] == 16 * 18
+
+
+def test_hostile_and_malformed_requests_are_refused_and_never_a_server_error(volume, tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not to be served")
+    with serving(volume, None, model="tiny", **PINNED) as served:
+        base, root = served.base, f"http://127.0.0.1:{served.port}"
+        os.symlink(outside, Path(volume) / "link")  # a link beside the input's own files: still nothing served
+        for path in ["/prediction.zarr/../../secret.txt", "/prediction.zarr/%2e%2e/%2e%2e/secret.txt",
+                     "/prediction.zarr/..%2F..%2Fsecret.txt", "/raw.zarr/link", "/raw.zarr/zarr.json",
+                     "/prediction.zarr/0/0.2.0.0", "/prediction.zarr/0/0.0.3.0", "/prediction.zarr/0/1.0.0.0",
+                     "/prediction.zarr/0/0.0.0", "/prediction.zarr/0/0.-1.0.0", "/prediction.zarr/0/0.a.0.0",
+                     "/prediction.zarr/0/0.00.0.0", "/prediction.zarr/0/0.0.0.99999999999999999999",
+                     "/prediction.zarr/9/.zarray", "/prediction.zarr/0/", "/other.zarr/.zattrs", "/status"]:
+            assert _get(base + path) == 404, path
+        for path in ["//etc/passwd", "/etc/passwd", "/" + "0" * 16 + "/prediction.zarr/.zattrs", "/x%00y"]:
+            assert _get(root + path) == 404, path
+        for method in ["POST", "PUT", "DELETE", "PATCH"]:
+            assert _get(base + "/prediction.zarr/0/0.0.0.0", method) == 405, method
+        assert _get(base + "/prediction.zarr/.zattrs", "HEAD") == 200
+        with socket.create_connection(("127.0.0.1", served.port)) as raw:  # not HTTP at all
+            raw.sendall(b"GARBAGE\r\n\r\n")
+            assert raw.recv(64).startswith(b"HTTP/1.1 400")
+        conn = http.client.HTTPConnection("127.0.0.1", served.port)
+        conn.request("OPTIONS", "/any", headers={"Origin": "https://evil.example"})
+        preflight = conn.getresponse()
+        preflight.read()
+        assert preflight.status == 204 and preflight.getheader("Access-Control-Allow-Origin") is None
+        conn.request("GET", f"/{served.fingerprint}/prediction.zarr/.zattrs",
+                     headers={"Origin": "https://neuroglancer-demo.appspot.com"})
+        allowed = conn.getresponse()
+        allowed.read()
+        assert allowed.getheader("Access-Control-Allow-Origin") == "https://neuroglancer-demo.appspot.com"
+        assert _status(served)["blocks_predicted"] == 0  # none of it reached the network
+
+
+def test_a_failing_block_is_a_500_for_its_chunk_only_logged_once(volume, tmp_path, caplog):
+    fault = tmp_path / "fault"
+    fault.write_text("")
+    options = dict(PINNED, model="tests.networks:fails_on_marker", model_kwargs={"fault_file": str(fault)},
+                   trust_pickle=True, retries=0, halo=(0, 0, 0))
+    with serving(volume, None, **options) as served:
+        assert _get(served.prediction_url + "/0/0.1.2.2") == 500
+        assert _get(served.prediction_url + "/0/0.1.2.2") == 500
+        assert _get(served.prediction_url + "/0/0.0.0.0") == 200  # the server goes on
+        counts = _status(served)
+    failed = [r for r in caplog.records if "block 1x2x2 failed" in r.getMessage()]
+    assert len(failed) == 1 and counts["blocks_failed"] == 2 and counts["blocks_predicted"] == 1
+
+
+def test_blocks_viewed_are_written_through_and_run_skips_them(volume, tmp_path):
+    options, log = _logged(tmp_path)
+    output = str(tmp_path / "out.zarr")
+    with serving(volume, output, **options, **PINNED) as served:
+        viewed = [urllib.request.urlopen(f"{served.prediction_url}/0/0.{i}.1.1").read() for i in range(2)]
+    assert len(viewed) == 2 and len(log.read_text().split()) == 2
+    summary = blockpred.predict(volume, output, **options, **PINNED)
+    assert summary.num_resumed == 2 and summary.stats.num_blocks == 16
+    assert len(log.read_text().split()) == 18  # the two viewed blocks were not computed again
+    reference = blockpred.predict(volume, str(tmp_path / "fresh.zarr"), model="tests.networks:logged",
+                                  model_kwargs={"log_path": str(tmp_path / "other.log")}, trust_pickle=True,
+                                  **PINNED)
+    a, b = open_volume(output), open_volume(reference.output)
+    np.testing.assert_array_equal(a.read(a.box), b.read(b.box))
+
+
+def test_ctrl_c_ends_the_server_in_seconds_with_one_line_and_its_temporary_output_gone(volume, tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    command = [sys.executable, "-m", "blockpred", "serve", volume, "--port", "0", "--model", "tiny", "--block", "16",
+               "--device", "cpu", "--backend", "torch"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "Ctrl-C stops it" in line:
+            break
+    url = next(line.split("zarr://", 1)[1].strip() for line in lines if "prediction: zarr://" in line)
+    assert urllib.request.urlopen(url + "/0/0.0.0.0").status == 200
+    assert any(p.name.startswith("blockpred-serve-") for p in tmp_path.iterdir())
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert time.monotonic() - started < 30
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "blockpred: interrupted"
+    assert not any(p.name.startswith("blockpred-serve-") for p in tmp_path.iterdir())
+
+
+def test_queued_blocks_whose_requests_went_away_are_withdrawn_before_the_network(volume, tmp_path):
+    log = tmp_path / "passes.log"
+    options = dict(PINNED, model="tests.networks:logged", model_kwargs={"log_path": str(log), "delay_s": 0.5},
+                   trust_pickle=True, prefetch=1)
+    keys = [f"0/0.{z}.{y}.{x}" for z in range(2) for y in range(3) for x in range(3)][:10]
+    with serving(volume, None, **options) as served:
+        kept = threading.Thread(target=lambda: urllib.request.urlopen(f"{served.prediction_url}/{keys[0]}").read())
+        kept.start()
+        path = served.prediction_url.split(str(served.port), 1)[1]
+        for key in keys[1:]:  # asked, then gone: the viewer scrolled on
+            with socket.create_connection(("127.0.0.1", served.port)) as gone:
+                gone.sendall(f"GET {path}/{key} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        kept.join()
+        deadline = time.monotonic() + 60
+        while (counts := _status(served))["blocks_withdrawn"] + counts["blocks_predicted"] < len(keys) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert counts["blocks_withdrawn"] >= 1 and counts["blocks_withdrawn"] + counts["blocks_predicted"] == len(keys)
+    assert len(log.read_text().split()) == counts["blocks_predicted"]  # a withdrawn block never ran
