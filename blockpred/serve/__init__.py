@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .http import DEFAULT_ORIGINS, make_app
+
+#: Addresses of this machine only: a server there answers requests that name it so (see :mod:`.http`).
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 from .session import Session, open_session
 from .tree import ServedTree
 from .work import BlockWork
@@ -78,7 +81,8 @@ async def _start(session: Session, host: str, port: int, cache_mb: float, origin
     served = Served(host, sockets[0].getsockname()[1], session.fingerprint, session, work)
     if link is not None:
         served.neuroglancer = link(served)
-    server = tornado.httpserver.HTTPServer(make_app(work, session.fingerprint, served.index(), origins))
+    server = tornado.httpserver.HTTPServer(make_app(work, session.fingerprint, served.index(), origins,
+                                                    local_only=host in LOCAL_HOSTS))
     server.add_sockets(sockets)
     return served, server
 

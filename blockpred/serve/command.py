@@ -5,10 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from . import serve, viewer
+from . import LOCAL_HOSTS, serve, viewer
 from .http import DEFAULT_ORIGINS
-
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def serve_command(input: str, output: str | None, *, config: str | None, options: dict[str, Any], host: str,

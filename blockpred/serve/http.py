@@ -10,7 +10,10 @@ its 400.  A block whose network fails is answered 500 for that chunk only.  A ke
 is parsed into integers before anything is read (:meth:`~.tree.ServedTree.chunk_key`):
 no key reaches a file.
 
-Cross-origin reads are allowed for the origins named (``--cors-origin``; by
+A request must name the server as this machine (``Host: 127.0.0.1``, ``localhost``
+or ``::1``) where it listens on this machine only: a page elsewhere whose name
+was made to resolve here (DNS rebinding) is refused, 403.  Cross-origin reads are
+allowed for the origins named (``--cors-origin``; by
 default neuroglancer's public client and, with ``--viewer``, the local one),
 never for any origin: a page the user happens to visit must not read the data
 through their browser.
@@ -51,7 +54,16 @@ class _Handler(tornado.web.RequestHandler):
             self.set_header("Access-Control-Allow-Headers", "Range, Content-Type")
         self.set_header("X-Content-Type-Options", "nosniff")
 
+    def prepare(self) -> None:
+        hosts = self.state["hosts"]
+        if hosts is not None and self.request.host_name.lower() not in hosts:
+            # A page elsewhere whose name was made to resolve to this machine (DNS rebinding) reads nothing.
+            raise tornado.web.HTTPError(403, reason="not a name of this server")
+
     def options(self, *args) -> None:
+        if self.request.headers.get("Access-Control-Request-Private-Network") == "true" \
+                and "Access-Control-Allow-Origin" in self._headers:
+            self.set_header("Access-Control-Allow-Private-Network", "true")  # Chrome asks before a public page reads
         self.set_status(204)
         self.finish()
 
@@ -118,8 +130,15 @@ class KeyHandler(_Handler):
     head = get
 
 
-def make_app(work: BlockWork, fingerprint: str, index: dict, origins: tuple[str, ...]) -> tornado.web.Application:
-    state = {"work": work, "fingerprint": fingerprint, "index": index, "origins": frozenset(origins)}
+#: The names a request to a server on this machine only may use (its Host header); others are refused.
+LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def make_app(work: BlockWork, fingerprint: str, index: dict, origins: tuple[str, ...],
+             local_only: bool = True) -> tornado.web.Application:
+    """``local_only``: the server listens on this machine only, and a request must name it so."""
+    state = {"work": work, "fingerprint": fingerprint, "index": index, "origins": frozenset(origins),
+             "hosts": LOCAL_NAMES if local_only else None}
     return tornado.web.Application([
         (r"/", IndexHandler, {"app_state": state}),
         (r"/([0-9a-f]+)/status\.json", StatusHandler, {"app_state": state}),
@@ -130,6 +149,7 @@ def make_app(work: BlockWork, fingerprint: str, index: dict, origins: tuple[str,
 
 class _NotFound(_Handler):
     def prepare(self) -> None:
+        super().prepare()
         if self.request.method == "OPTIONS":
             return
         raise tornado.web.HTTPError(404)
