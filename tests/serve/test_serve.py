@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 
 import blockpred
 from blockpred.io import open_volume
-from blockpred.serve import serving
+from blockpred.serve import serving, viewer
 from tests.helpers import write_test_volume
 
 pytest.importorskip("tornado")
@@ -66,6 +67,9 @@ def test_the_served_prediction_is_what_run_writes_and_the_raw_is_the_input(volum
         raw = _read(served.raw_url + "/0")
         coarse = _read(served.prediction_url + "/1")  # every block predicted: the coarser level is made
         counts = _status(served)
+        link = viewer.link(served)
+    if link is not None:  # with the neuroglancer package: a link to its public client on both layers
+        assert link.startswith(viewer.PUBLIC_CLIENT) and "prediction.zarr" in urllib.parse.unquote(link)
     summary = blockpred.predict(volume, str(tmp_path / "run.zarr"), model="tiny", **PINNED)
     written = open_volume(summary.output)
     np.testing.assert_array_equal(got, written.read(written.box))  # bitwise: same blocks, batches, threads
@@ -169,7 +173,7 @@ def test_blocks_viewed_are_written_through_and_run_skips_them(volume, tmp_path):
 def test_ctrl_c_ends_the_server_in_seconds_with_one_line_and_its_temporary_output_gone(volume, tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path))
     command = [sys.executable, "-m", "blockpred", "serve", volume, "--port", "0", "--model", "tiny", "--block", "16",
-               "--device", "cpu", "--backend", "torch"]
+               "--device", "cpu", "--backend", "torch", *(["--viewer"] if viewer.available() else [])]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     for line in process.stdout:
@@ -178,6 +182,9 @@ def test_ctrl_c_ends_the_server_in_seconds_with_one_line_and_its_temporary_outpu
             break
     url = next(line.split("zarr://", 1)[1].strip() for line in lines if "prediction: zarr://" in line)
     assert urllib.request.urlopen(url + "/0/0.0.0.0").status == 200
+    if viewer.available():  # --viewer: neuroglancer's own viewer, served by the same process
+        page = next(line.split("viewer:", 1)[1].strip() for line in lines if "viewer:" in line)
+        assert urllib.request.urlopen(page).status == 200
     assert any(p.name.startswith("blockpred-serve-") for p in tmp_path.iterdir())
     process.send_signal(signal.SIGINT)
     started = time.monotonic()
