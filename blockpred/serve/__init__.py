@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..errors import InvalidOptionError
 from .http import DEFAULT_ORIGINS, make_app
 
 #: Addresses of this machine only: a server there answers requests that name it so (see :mod:`.http`).
@@ -64,10 +65,20 @@ class Served:
                 "output": None if self.session.temporary else str(self.session.target_path)}
 
 
-async def _start(session: Session, host: str, port: int, cache_mb: float, origins: tuple[str, ...],
+def _listen(host: str, port: int) -> list:
+    """The server's sockets, bound before the run is opened: a port in use is said at once, in one line."""
+    import tornado.netutil
+
+    try:
+        return tornado.netutil.bind_sockets(port, address=host)
+    except OSError as err:
+        raise InvalidOptionError(f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --port "
+                                 f"(0: any free one) or --host") from None
+
+
+async def _start(session: Session, sockets: list, host: str, cache_mb: float, origins: tuple[str, ...],
                  link: Callable[["Served"], str | None] | None) -> tuple[Served, Any]:
     import tornado.httpserver
-    import tornado.netutil
 
     plan = session.job.plan
     prediction = ServedTree(session.source_shape, session.output_channels(), session.output_dtype(),
@@ -77,7 +88,6 @@ async def _start(session: Session, host: str, port: int, cache_mb: float, origin
     work = BlockWork(plan=plan, stream=session.stream.stream, finished=session.markers.finished(),
                      prediction=prediction, raw=raw, read_output=session.read_output, read_input=session.read_input,
                      cache_bytes=int(cache_mb * 2**20))
-    sockets = tornado.netutil.bind_sockets(port, address=host)
     served = Served(host, sockets[0].getsockname()[1], session.fingerprint, session, work)
     if link is not None:
         served.neuroglancer = link(served)
@@ -95,9 +105,13 @@ def serve(input, output=None, *, config=None, host: str = "127.0.0.1", port: int
     ``options`` are :func:`blockpred.predict`'s.  ``on_ready(served)`` once the server listens; ``link(served)``
     makes :attr:`Served.neuroglancer`.
     """
-    with open_session(input, output, config, options) as session:
+    sockets = _listen(host, port)
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: [sock.close() for sock in sockets])
+        session = stack.enter_context(open_session(input, output, config, options))
+
         async def main() -> None:
-            served, server = await _start(session, host, port, cache_mb, tuple(cors_origins), link)
+            served, server = await _start(session, sockets, host, cache_mb, tuple(cors_origins), link)
             try:
                 if on_ready is not None:
                     on_ready(served)
@@ -115,14 +129,17 @@ def serving(input, output=None, *, config=None, host: str = "127.0.0.1", port: i
     """:func:`serve` on a thread of its own: the running server, stopped when the block ends (``port`` 0: any)."""
     ready: dict = {}
     started = threading.Event()
-    with open_session(input, output, config, options) as session:
+    sockets = _listen(host, port)
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: [sock.close() for sock in sockets])
+        session = stack.enter_context(open_session(input, output, config, options))
         loop = asyncio.new_event_loop()
 
         def run() -> None:
             asyncio.set_event_loop(loop)
             try:
                 ready["served"], ready["server"] = loop.run_until_complete(
-                    _start(session, host, port, cache_mb, tuple(cors_origins), None))
+                    _start(session, sockets, host, cache_mb, tuple(cors_origins), None))
             except BaseException as err:  # noqa: BLE001 - raised by the caller's thread
                 ready["error"] = err
                 started.set()

@@ -27,7 +27,7 @@ import logging
 
 import tornado.web
 
-from ..errors import BlockFailedError
+from ..errors import BlockFailedError, one_line
 from .work import BlockWork
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,12 @@ class KeyHandler(_Handler):
             data = await work.chunk(name, chunk, self._gone)
         except BlockFailedError:
             raise tornado.web.HTTPError(500, reason="the network failed on this block") from None
+        except Exception as err:  # noqa: BLE001 - the pipeline stopped, a read failed: this chunk fails, not the server
+            said = self.state.setdefault("errors said", set())
+            if one_line(err) not in said:  # each error once, not once per chunk
+                said.add(one_line(err))
+                logger.error("serving %s/%s failed: %s", name, key, one_line(err))
+            raise tornado.web.HTTPError(500, reason="this chunk could not be made") from None
         if self._gone.done():
             return  # the request went away: nothing to answer
         if data is None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import blockpred
+from blockpred.errors import InvalidOptionError
 from blockpred.io import open_volume
 from blockpred.serve import serving, viewer
 from tests.helpers import write_test_volume
@@ -137,6 +138,9 @@ def test_hostile_and_malformed_requests_are_refused_and_never_a_server_error(vol
         rebound = conn.getresponse()
         rebound.read()
         assert rebound.status == 403  # a page whose name was made to resolve here (DNS rebinding)
+        with pytest.raises(InvalidOptionError, match=f"cannot listen on 127.0.0.1:{served.port}"):
+            with serving(volume, None, port=served.port, model="tiny", **PINNED):  # the port is taken: at once
+                pass
         assert _status(served)["blocks_predicted"] == 0  # none of it reached the network
 
 
