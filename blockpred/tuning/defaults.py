@@ -28,7 +28,7 @@ trial comes first, on a budget of its own (three quarters of the estimate:
 trial's conversion is what running OpenVINO costs anyway and it ran 2.2-4.7x
 as fast as torch's contiguous pass at ``tiny``'s start block here; torch's other layout and the sizes
 take what the quarter leaves after it, and a layout left untimed loses (the
-choice is cached all the same).  A cached search is timed again where one
+choice is cached all the same, unless OpenVINO was left untimed).  A cached search is timed again where one
 measurement may have met a busy machine (:func:`blockpred.tuning.autosize.recheck`).
 A named option is never measured or changed.  Different layouts, batches and
 blocks give the same values up to float rounding (and, for blocks, up to what

@@ -86,7 +86,8 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
     ``known``: seconds per (warm) pass already measured for some layouts at this shape: not measured again.
     ``layouts``: torch's layouts to compare (one: a named layout); ``backends``: ``openvino`` among them adds it.
     ``skip``: candidates the run's budget leaves untimed: they lose, and the choice is cached under the full
-    set of candidates all the same (a later run reads it rather than measuring again).
+    set of candidates all the same (a later run reads it rather than measuring again), except where OpenVINO is
+    among them: a short first run (a crop tried before the real volume) must not keep a longer run from timing it.
     """
     names = ([*layouts] if "torch" in backends else []) + (["openvino"] if "openvino" in backends else [])
     cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
@@ -113,9 +114,10 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
         seconds = {name: NOT_TIMED if name in skip else (seconds[name] if math.isfinite(seconds[name]) else None)
                    for name in names}  # JSON: no inf
         choice = FormatChoice(layout, seconds, backend=backend)
-        entries = cache.read()
-        entries[key] = {"memory_format": layout, "backend": backend, "seconds": seconds}
-        cache.write(entries, "the memory format and backend choice")
+        if "openvino" not in skip:  # OpenVINO left untimed: a later, longer run must still get its trial
+            entries = cache.read()
+            entries[key] = {"memory_format": layout, "backend": backend, "seconds": seconds}
+            cache.write(entries, "the memory format and backend choice")
     predictor.use_backend(choice.backend)
     predictor.use_memory_format(choice.memory_format)
     if not choice.cached:

@@ -154,6 +154,12 @@ def test_auto_times_openvino_beside_the_layouts_and_caches_its_choice(tmp_path):
     read = choose_memory_format(predictor, (1, 1, 20, 20, 20), {"name": "tiny"}, cache=cache, quick=True,
                                 backends=("torch", "openvino"), cached_only=True)
     assert read.cached and read.backend == "openvino"
+    # OpenVINO left untimed: used by this run, never cached, so that a longer run still gets OpenVINO's trial.
+    crop = choose_memory_format(predictor, (1, 1, 12, 12, 12), {"name": "tiny"}, cache=cache, quick=True,
+                                backends=("torch", "openvino"), skip=("openvino",))
+    assert crop.seconds["openvino"] == NOT_TIMED and crop.backend == "torch"
+    assert choose_memory_format(predictor, (1, 1, 12, 12, 12), {"name": "tiny"}, cache=cache, quick=True,
+                                backends=("torch", "openvino"), cached_only=True) is None
 
 
 def test_openvino_is_refused_in_one_line_off_the_cpu_or_compiled():
