@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore
 
-from blockpred.io import create_volume, parse_volume_path
+from blockpred.io import create_volume, open_volume, parse_volume_path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Trained networks and real volumes nobody here wrote, beside the checkout (see its README).
@@ -74,6 +74,12 @@ def write_test_volume(
     ) as volume:
         volume.write(volume.box, data)
     return str(path)
+
+
+def read_volume(path: str | Path) -> np.ndarray:
+    """A volume's whole contents (channels first where it has them)."""
+    with open_volume(str(path)) as volume:
+        return volume.read(volume.box)
 
 
 def run_blockpred(*args: str, cwd: str | Path | None = None, env: dict | None = None,

@@ -81,11 +81,10 @@ async def _start(session: Session, sockets: list, host: str, cache_mb: float, or
     import tornado.httpserver
 
     plan = session.job.plan
-    prediction = ServedTree(session.source_shape, session.output_channels(), session.output_dtype(),
-                            plan.block_shape, session.input_voxel_size)
-    raw = ServedTree(session.source_shape, session.input_channels, session.input_dtype, plan.block_shape,
-                     session.input_voxel_size)
-    work = BlockWork(plan=plan, stream=session.stream.stream, finished=session.markers.finished(),
+    source, sink = session.input_volume, session.output_volume
+    prediction = ServedTree(source.spatial_shape, sink.num_channels, sink.dtype, plan.block_shape, source.voxel_size)
+    raw = ServedTree(source.spatial_shape, source.num_channels, source.dtype, plan.block_shape, source.voxel_size)
+    work = BlockWork(plan=plan, stream=session.stream.stream, finished=session.job.markers.finished(),
                      prediction=prediction, raw=raw, read_output=session.read_output, read_input=session.read_input,
                      cache_bytes=int(cache_mb * 2**20))
     served = Served(host, sockets[0].getsockname()[1], session.fingerprint, session, work)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..errors import InvalidOptionError
 from . import LOCAL_HOSTS, serve, viewer
 from .http import DEFAULT_ORIGINS
 
@@ -13,12 +14,8 @@ def serve_command(input: str, output: str | None, *, config: str | None, options
                   port: int, cache_mb: float, open_viewer: bool, cors_origins: list[str] | None) -> int:
     """Serve until Ctrl-C or SIGTERM (then :func:`blockpred.cli.main` prints the one line and exits 130 or 143)."""
     if not 0 <= port <= 65535:
-        from ..errors import InvalidOptionError
-
         raise InvalidOptionError(f"--port must be between 0 and 65535 (0: any free port), got {port}")
     if cache_mb < 0:
-        from ..errors import InvalidOptionError
-
         raise InvalidOptionError(f"--cache-mb must be 0 or more, got {cache_mb:g}")
     if host not in LOCAL_HOSTS:
         print(f"blockpred: warning: serving on {host}: anyone who can reach port {port} there can read the input "

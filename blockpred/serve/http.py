@@ -116,7 +116,7 @@ class KeyHandler(_Handler):
         except BlockFailedError:
             raise tornado.web.HTTPError(500, reason="the network failed on this block") from None
         except Exception as err:  # noqa: BLE001 - the pipeline stopped, a read failed: this chunk fails, not the server
-            said = self.state.setdefault("errors said", set())
+            said = self.state["errors_said"]
             if one_line(err) not in said:  # each error once, not once per chunk
                 said.add(one_line(err))
                 logger.error("serving %s/%s failed: %s", name, key, one_line(err))
@@ -144,7 +144,7 @@ def make_app(work: BlockWork, fingerprint: str, index: dict, origins: tuple[str,
              local_only: bool = True) -> tornado.web.Application:
     """``local_only``: the server listens on this machine only, and a request must name it so."""
     state = {"work": work, "fingerprint": fingerprint, "index": index, "origins": frozenset(origins),
-             "hosts": LOCAL_NAMES if local_only else None}
+             "hosts": LOCAL_NAMES if local_only else None, "errors_said": set()}
     return tornado.web.Application([
         (r"/", IndexHandler, {"app_state": state}),
         (r"/([0-9a-f]+)/status\.json", StatusHandler, {"app_state": state}),

@@ -28,11 +28,11 @@ import numpy as np
 
 from ..cache import digest
 from ..errors import InvalidOptionError
-from ..geometry import Box, Coord
+from ..geometry import Box
 from ..io import Volume, VolumePath, open_volume
 from ..pipeline.backoff import Backoff
 from ..pipeline.job import Job, JobStream
-from ..pipeline.markers import DoneMarkers, lock_path, markers_path
+from ..pipeline.markers import lock_path, markers_path
 from ..run.formats import model_key_of
 from ..run.output import create_output
 from ..run.prepare import prepare, resolve_paths
@@ -47,17 +47,11 @@ class Session:
     prepared: Prepared
     job: Job
     stream: JobStream
-    markers: DoneMarkers
-    source_path: VolumePath
     target_path: VolumePath
     #: The run's fingerprint, short: the served URLs' first part (a changed model or option, a new URL).
     fingerprint: str
     #: True when the output is a temporary one (removed when the server stops).
     temporary: bool
-    input_voxel_size: tuple[float, ...] | None
-    input_channels: int | None
-    input_dtype: np.dtype
-    source_shape: Coord
     input_volume: Volume
     output_volume: Volume
 
@@ -66,12 +60,6 @@ class Session:
 
     def read_input(self, box: Box) -> np.ndarray:
         return self.input_volume.read(box)
-
-    def output_channels(self) -> int | None:
-        return self.output_volume.num_channels
-
-    def output_dtype(self) -> np.dtype:
-        return self.output_volume.dtype
 
 
 @contextlib.contextmanager
@@ -92,13 +80,11 @@ def open_session(input, output, config, options: dict[str, Any]) -> Iterator[Ses
             lock = stack.enter_context(_take_lock(lock_path(markers_path(target_path)), str(target_path)))
             markers = create_output(p, source, owner=lock.token)
             stack.callback(markers.close)
-            voxel_size, channels, dtype, shape = source.voxel_size, source.num_channels, source.dtype, source.spatial_shape
         job = Job(source_path.absolute(), target_path.absolute(), markers, p.layout.plan, p.settings, p.spec,
                   device=cfg.device, precision=p.cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
                   skip_empty=cfg.skip_empty, tta=cfg.tta, backend=p.backend, backend_key=model_key_of(p.cfg, p.model))
         stream = JobStream(job, p.predictor, Backoff(job.settings.batch_size), newest_first=True)
         stack.callback(markers.flush, quiet=True)  # after the pipeline stops (the stack unwinds last in, first out)
         stack.callback(stream.close, cancel=True)
-        yield Session(p, job, stream, markers, source_path, target_path, digest(p.fingerprint)[:16], temporary,
-                      voxel_size, channels, np.dtype(dtype), shape, stack.enter_context(open_volume(source_path)),
-                      stack.enter_context(open_volume(target_path)))
+        yield Session(p, job, stream, target_path, digest(p.fingerprint)[:16], temporary,
+                      stack.enter_context(open_volume(source_path)), stack.enter_context(open_volume(target_path)))

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..geometry import Box, Coord
 from ..io.ome import image_attributes
-from ..run.pyramid import Level, plan_levels
+from ..run.pyramid import Level, max_levels, plan_levels
 
 #: How the chunks are compressed (numcodecs' Blosc: neuroglancer's zarr v2 reader decodes it).
 COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0}
@@ -51,10 +51,9 @@ class ServedTree:
         import zarr
 
         self.shape, self.channels, self.dtype, self.block = Coord(shape), channels, np.dtype(dtype), Coord(block)
-        depth = 0
-        while any(n > b for n, b in zip(Coord(shape).ceil_div(_scale_of(voxel_size, shape, depth)), self.block)):
-            depth += 1
-        self.levels: tuple[Level, ...] = tuple(plan_levels(self.shape, voxel_size, depth, self.block, None))
+        every = plan_levels(self.shape, voxel_size, max_levels(self.shape), self.block, None)
+        fits = next(i for i, level in enumerate(every) if all(n <= b for n, b in zip(level.shape, self.block)))
+        self.levels: tuple[Level, ...] = tuple(every[:fits + 1])  # down to the first level that fits one chunk
         self._lead = () if channels is None else (channels,)
         self._store: dict = {}
         group = zarr.open_group(zarr.storage.MemoryStore(self._store), mode="w", zarr_format=2)
@@ -107,7 +106,3 @@ class ServedTree:
         name = ".".join(map(str, ((0,) if self._lead else ()) + tuple(chunk.index)))
         return bytes(local.store.pop(f"{chunk.level}/{name}").to_bytes())
 
-
-def _scale_of(voxel_size, shape: Coord, depth: int) -> Coord:
-    """The factor from level 0 of level ``depth`` (see :func:`plan_levels`)."""
-    return plan_levels(Coord(shape), voxel_size, depth, Coord(shape), None)[-1].scale

@@ -26,7 +26,7 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -66,7 +66,6 @@ class _Pending:
     future: asyncio.Future
     ticket: object = None
     waiters: int = 0
-    failures: list = field(default_factory=list)
 
 
 class ChunkCache:
@@ -129,21 +128,16 @@ class BlockWork:
             return cached
         level0 = self._level0_box(name, key)
         blocks = self._blocks_under(level0)
-        if name == "prediction":
-            if key.level == 0:
-                if blocks and not self.finished[tuple(blocks[0] - self.plan.grid_begin)]:
-                    if not await self._predicted(blocks[0], gone):
-                        return None
-            elif not blocks or len(blocks) > MAX_COARSE_BLOCKS or not all(
-                    self.finished[tuple(b - self.plan.grid_begin)] for b in blocks):
-                self.counts.missing += 1
-                return None
-            if not blocks:
-                self.counts.missing += 1
-                return None  # outside the ROI: never predicted
-        elif key.level > 0 and len(blocks) > MAX_COARSE_BLOCKS:
+        if blocks is None or (name == "prediction" and not blocks):  # too much to make, or outside the ROI
             self.counts.missing += 1
             return None
+        if name == "prediction":
+            unfinished = [b for b in blocks if not self.finished[tuple(b - self.plan.grid_begin)]]
+            if unfinished and key.level > 0:  # a coarser level shows only what is predicted
+                self.counts.missing += 1
+                return None
+            if unfinished and not await self._predicted(unfinished[0], gone):  # level 0: its one block
+                return None
         loop = asyncio.get_running_loop()
         data = await loop.run_in_executor(self._executor, self._encode, name, key, level0)
         self.cache.put((name, key.level, key.index), data)
@@ -204,15 +198,16 @@ class BlockWork:
         box = Box(key.box.begin * level.scale, key.box.end * level.scale)
         return box.intersect(Box.from_shape(self.trees[name].levels[0].shape))
 
-    def _blocks_under(self, box: Box) -> list[Coord]:
-        """The plan's blocks whose write boxes meet ``box`` (level 0), in C order; none outside the ROI."""
+    def _blocks_under(self, box: Box) -> list[Coord] | None:
+        """The plan's blocks whose write boxes meet ``box`` (level 0), in C order, none outside the ROI; None where
+        they are more than :data:`MAX_COARSE_BLOCKS` (never listed one by one)."""
         box = box.intersect(self.plan.roi)
         if box.empty:
             return []
         first, last = box.begin // self.plan.block_shape, (box.end - 1) // self.plan.block_shape
         ranges = [range(a, b + 1) for a, b in zip(first, last)]
         if np.prod([len(r) for r in ranges]) > MAX_COARSE_BLOCKS:
-            return [Coord((-1, -1, -1))] * (MAX_COARSE_BLOCKS + 1)  # too many to make: never listed one by one
+            return None
         return [Coord((z, y, x)) for z in ranges[0] for y in ranges[1] for x in ranges[2]]
 
     def _encode(self, name: str, key: ChunkKey, level0: Box) -> bytes:

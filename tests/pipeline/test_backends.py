@@ -11,12 +11,11 @@ import torch
 
 import blockpred
 from blockpred.errors import InvalidOptionError
-from blockpred.io import open_volume
 from blockpred.pipeline import Predictor
 from blockpred.pipeline.backends import openvino_available
 from blockpred.tuning.memformat import choose_memory_format
 from tests import realnets
-from tests.helpers import build_2d_package, write_test_volume
+from tests.helpers import build_2d_package, read_volume, write_test_volume
 
 pytestmark = pytest.mark.skipif(not openvino_available(), reason="OpenVINO is not installed")
 
@@ -31,16 +30,11 @@ def volume(tmp_path_factory) -> str:
     return write_test_volume(str(tmp_path_factory.mktemp("backends") / "v.zarr"), data)
 
 
-def read_all(path) -> np.ndarray:
-    with open_volume(str(path)) as v:
-        return v.read(v.box)
-
-
 def both(volume: str, tmp_path, **options):
     """The same run with torch and with OpenVINO: (torch's output, OpenVINO's output, OpenVINO's summary)."""
     blockpred.predict(volume, str(tmp_path / "torch.zarr"), backend="torch", **{**PINNED, **options})
     summary = blockpred.predict(volume, str(tmp_path / "openvino.zarr"), backend="openvino", **{**PINNED, **options})
-    return read_all(tmp_path / "torch.zarr"), read_all(tmp_path / "openvino.zarr"), summary
+    return read_volume(tmp_path / "torch.zarr"), read_volume(tmp_path / "openvino.zarr"), summary
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +94,8 @@ def test_a_network_that_does_not_convert_runs_with_torch_and_one_line_says_why(v
     warned = [r.getMessage() for r in caplog.records if "--backend openvino" in r.getMessage()]
     assert len(warned) == 1 and "running it with torch" in warned[0], warned
     assert summary.backend.startswith("torch (openvino: ")
-    expected = np.tanh(read_all(volume).astype(np.float32) / 255)
-    np.testing.assert_allclose(read_all(tmp_path / "o.zarr")[0], expected, atol=1e-6, rtol=0)
+    expected = np.tanh(read_volume(volume).astype(np.float32) / 255)
+    np.testing.assert_allclose(read_volume(tmp_path / "o.zarr")[0], expected, atol=1e-6, rtol=0)
 
 
 def test_the_conversion_is_cached_and_a_second_predictor_converts_nothing(caplog):
@@ -125,7 +119,7 @@ def test_a_dask_worker_runs_the_backend_of_the_run(volume, tmp_path, caplog):
     # The client converted at its dry run; the worker (in this process) read that conversion from the cache.
     assert any("read from the cache" in r.getMessage() for r in caplog.records)
     blockpred.predict(volume, str(tmp_path / "torch.zarr"), model="tiny", backend="torch", **PINNED)
-    np.testing.assert_allclose(read_all(tmp_path / "dask.zarr"), read_all(tmp_path / "torch.zarr"), atol=TOLERANCE,
+    np.testing.assert_allclose(read_volume(tmp_path / "dask.zarr"), read_volume(tmp_path / "torch.zarr"), atol=TOLERANCE,
                                rtol=0)
 
 

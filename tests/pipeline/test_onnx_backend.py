@@ -14,11 +14,10 @@ import torch
 import blockpred
 from blockpred.cli import main
 from blockpred.errors import InvalidOptionError
-from blockpred.io import open_volume
 from blockpred.pipeline import Predictor
 from blockpred.pipeline.onnx_backend import MISSING, onnxruntime_available
 from tests import realnets
-from tests.helpers import write_test_volume
+from tests.helpers import read_volume, write_test_volume
 
 installed = pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime (the onnx extra) is not installed")
 
@@ -31,11 +30,6 @@ PINNED = {"block": (16, 32, 32), "halo": 0, "batch_size": 1, "precision": "fp32"
 def volume(tmp_path_factory) -> str:
     data = np.random.default_rng(0).integers(0, 255, (16, 48, 40), dtype=np.uint8)
     return write_test_volume(str(tmp_path_factory.mktemp("onnx") / "v.zarr"), data)
-
-
-def read_all(path) -> np.ndarray:
-    with open_volume(str(path)) as v:
-        return v.read(v.box)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +56,7 @@ def test_onnxruntime_equals_torch_at_fp32(volume, tmp_path, networks, options):
     blockpred.predict(volume, str(tmp_path / "torch.zarr"), backend="torch", **{**PINNED, **options})
     summary = blockpred.predict(volume, str(tmp_path / "ort.zarr"), backend="onnxruntime", **{**PINNED, **options})
     assert summary.backend == "onnxruntime"
-    np.testing.assert_allclose(read_all(tmp_path / "ort.zarr"), read_all(tmp_path / "torch.zarr"), atol=TOLERANCE,
+    np.testing.assert_allclose(read_volume(tmp_path / "ort.zarr"), read_volume(tmp_path / "torch.zarr"), atol=TOLERANCE,
                                rtol=0)
 
 
@@ -94,8 +88,8 @@ def test_a_network_that_does_not_export_runs_with_torch_and_one_line_says_why(vo
     warned = [r.getMessage() for r in caplog.records if "--backend onnxruntime" in r.getMessage()]
     assert len(warned) == 1 and "running it with torch" in warned[0], warned
     assert summary.backend.startswith("torch (onnxruntime: ")
-    expected = np.tanh(read_all(volume).astype(np.float32) / 255)
-    np.testing.assert_allclose(read_all(tmp_path / "o.zarr")[0], expected, atol=1e-6, rtol=0)
+    expected = np.tanh(read_volume(volume).astype(np.float32) / 255)
+    np.testing.assert_allclose(read_volume(tmp_path / "o.zarr")[0], expected, atol=1e-6, rtol=0)
 
 
 def test_a_missing_install_is_one_line_and_writes_nothing(volume, tmp_path, monkeypatch, capsys):

@@ -25,7 +25,7 @@ import blockpred
 from blockpred.errors import InvalidOptionError
 from blockpred.io import open_volume
 from blockpred.serve import serving, viewer
-from tests.helpers import write_test_volume
+from tests.helpers import read_volume, write_test_volume
 
 pytest.importorskip("tornado")
 ts = pytest.importorskip("tensorstore")
@@ -222,3 +222,25 @@ def test_queued_blocks_whose_requests_went_away_are_withdrawn_before_the_network
             time.sleep(0.05)
     assert counts["blocks_withdrawn"] >= 1 and counts["blocks_withdrawn"] + counts["blocks_predicted"] == len(keys)
     assert counts["blocks_failed"] == 0
+
+
+REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"
+
+
+@pytest.mark.skipif(not (REALDATA / "cremi_dunet2d").exists(), reason="../shared/realdata is not beside the checkout")
+def test_a_trained_network_on_real_em_is_served_as_run_writes_it(tmp_path, monkeypatch):
+    """The trained 2D CREMI network (a user's model file and state dict) on real FIB-SEM planes, served."""
+    from tests import realnets
+
+    monkeypatch.syspath_prepend(str(REALDATA / "cremi_dunet2d"))
+    monkeypatch.syspath_prepend(str(realnets.write_inferno_layers(tmp_path / "shim")))
+    planes = np.load(REALDATA / "fibsem_neuroproof" / "training_sample2_raw_250cube.npz")["raw"][50:51, 40:136, 40:136]
+    source = write_test_volume(str(tmp_path / "fib.zarr"), planes)
+    options = dict(model="model:DUNet2D", weights=str(REALDATA / "cremi_dunet2d" / "state.nn"),
+                   model_kwargs={"in_channels": 1, "out_channels": 1}, block=(1, 48, 48), batch_size=1,
+                   precision="fp32", device="cpu", backend="torch", memory_format="contiguous", progress=False)
+    with serving(source, None, **options) as served:
+        got = _read(served.prediction_url + "/0")
+    summary = blockpred.predict(source, str(tmp_path / "run.zarr"), **options)
+    assert summary.plan.num_blocks == 4 and tuple(summary.plan.halo) == (0, 80, 80)
+    np.testing.assert_array_equal(got, read_volume(summary.output))
