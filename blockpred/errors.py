@@ -110,6 +110,26 @@ _PERMANENT_TEXTS = ("no space left on device", "disk quota exceeded", "permissio
                     "retry attempts failed", "cannot reach the object store")
 
 
+#: CUDA errors after which the device is unusable in the process ("sticky" errors): every later call fails too.
+_DEVICE_LOST_TEXTS = ("an illegal memory access was encountered", "unspecified launch failure",
+                      "device-side assert triggered", "misaligned address", "an illegal instruction was encountered")
+
+
+def is_device_lost(error: BaseException | None) -> bool:
+    """True when ``error`` (or an error it was raised from) is a CUDA error that leaves the device unusable here."""
+    seen = 0
+    while error is not None and seen < 8:
+        if any(words in str(error).lower() for words in _DEVICE_LOST_TEXTS):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+#: What a lost device's one line adds: the known cause and the way past it.
+DEVICE_LOST_HINT = ("the GPU is unusable in this process after such an error; a block whose tensors pass 2^31 "
+                    "elements is a known cause (cuDNN indexes with 32 bits): run again with a smaller --block")
+
+
 def is_permanent(error: BaseException | None) -> bool:
     """True when ``error`` (or an error it was raised from) is a fault a retry would only repeat."""
     seen = 0
@@ -119,7 +139,7 @@ def is_permanent(error: BaseException | None) -> bool:
         if isinstance(error, OSError) and error.errno in PERMANENT_ERRNOS:
             return True
         text = str(error).lower()
-        if any(words in text for words in _PERMANENT_TEXTS):
+        if any(words in text for words in _PERMANENT_TEXTS + _DEVICE_LOST_TEXTS):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False

@@ -297,3 +297,29 @@ class Smooth(torch.nn.Module):
 
 def smooth() -> Smooth:
     return Smooth()
+
+
+class LosesTheDevice(torch.nn.Module):
+    """Fails every block (not the all-zero dry runs) as CUDA fails after an illegal memory access, logging each call."""
+
+    def __init__(self, log_path: str):
+        super().__init__()
+        self.log_path = log_path
+        self.in_channels = self.out_channels = 1
+        self.torch_only = True
+
+    def forward(self, x):
+        if not bool(x.any()):
+            return x * 0.5
+        with open(self.log_path, "a") as log:
+            log.write("call\n")
+        raise RuntimeError(  # torch's text, as an H200 printed it (2026-11-26)
+            "CUDA error: an illegal memory access was encountered\n"
+            "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+            "group__CUDART__TYPES.html for more information.\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+            "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")
+
+
+def loses_the_device(log_path: str) -> LosesTheDevice:
+    return LosesTheDevice(log_path)

@@ -293,6 +293,7 @@ def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, hal
     from ..pipeline import DeviceSteps
     from ..tuning.autosize import SizeProblem, choose_sizes, model_key, probe_block
     from ..tuning.network import probe_network
+    from ..tuning.tensors import max_input_voxels
 
     step = loaded.downsampling
     small = probe_block(block, step) if search_block else block
@@ -302,6 +303,7 @@ def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, hal
         input_extra=geometry.input_shape - (small + (halo + geometry.context) * 2), step=step, base_block=block,
         roi=Box.from_shape(region), steps=DeviceSteps(scale=1 / 255), fixed_block=None if search_block else block,
         fixed_batch=fixed_batch,
+        max_input_voxels=max_input_voxels(geometry.largest_per_voxel) if predictor.device.type == "cuda" else None,
     )
     return choose_sizes(predictor, problem, model_key=model_key(loaded.name, loaded.weights_sha256))
 

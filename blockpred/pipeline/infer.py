@@ -183,6 +183,8 @@ class Predictor:
         self.compile = compile
         self.memory_format = memory_format
         self._given = module
+        #: A torch dispatch mode the network's passes run under, in whichever thread runs them (None: none).
+        self.watch = None
         self._build(precision)
         self._cuda = device.type == "cuda"
         #: On the CPU, the network's thread and the thread of the steps after it (made at the first batch).
@@ -290,7 +292,7 @@ class Predictor:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         if self.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        with torch.inference_mode(), self.autocast():
+        with torch.inference_mode(), self.autocast(), self.watch or contextlib.nullcontext():
             if planes is None:
                 return _as_tensor(self._forward(x))
             return _as_tensor(self._forward(x, torch.as_tensor(np.asarray(planes, dtype=np.int64), device=x.device)))

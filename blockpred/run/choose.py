@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -40,6 +40,7 @@ from ..tuning.defaults import Defaults, measuring_budget
 from ..tuning.hostbudget import HostBudget
 from ..tuning.memformat import FormatChoice
 from ..tuning.network import NetworkGeometry, probe_network
+from ..tuning.tensors import max_input_voxels, over_index_limit
 from .formats import (
     BACKEND_BUDGET_FRACTION,
     OPENVINO_TRIAL_PASSES,
@@ -220,6 +221,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
             started = time.perf_counter()
             geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
     dry_run_s = time.perf_counter() - started
+    dry_run_precision = predictor.precision
     if after_dry_run is not None:
         after_dry_run(geometry, halo)
     batch_size, sizing, defaults, format_choice = cfg.batch_size, None, None, None
@@ -228,7 +230,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         defaults, sizing, format_choice = _measured_defaults(
             cfg, source, roi, model, predictor, block, halo, geometry, downsampling, dry_run_s,
             block_named=cfg.block is not None or resume_block is not None, measure=measure, todo_share=todo_share,
-            host_budget=host_budget)
+            host_budget=host_budget, warm=predictor.precision == dry_run_precision)
         batch_size = defaults.batch_size if defaults.batch_size is not None else batch_size
         if defaults.block is not None and defaults.block != block:
             block = defaults.block
@@ -237,7 +239,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                 # cached one) ran this block or one on the same grid (an estimated block, see autosize.pick):
                 # no second dry run at a block that may take seconds.
                 shape = (block + halo * 2).ceil_div(downsampling) * downsampling
-                geometry = NetworkGeometry(geometry.in_channels, geometry.out_channels, shape, shape, geometry.context)
+                geometry = replace(geometry, input_shape=shape, output_shape=shape)
             else:
                 geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo,
                                  downsampling=downsampling,
@@ -251,6 +253,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
             geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo,
                              downsampling=downsampling,
                              first_input=_valid_input_hint(model, block + halo * 2, field))
+    if on_cuda(cfg, predictor):
+        _warn_over_index_limit(geometry, int(batch_size or 1))
     output = layout_for(block)
     plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
@@ -259,15 +263,36 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                   downsampling)
 
 
+def on_cuda(cfg: RunConfig, predictor: Predictor) -> bool:
+    """Whether the blocks run on CUDA: this process's device, or the workers' (``--device cuda`` on a cluster)."""
+    return predictor.device.type == "cuda" or str(cfg.device).startswith("cuda")
+
+
+def _warn_over_index_limit(geometry: NetworkGeometry, batch_size: int) -> None:
+    """One line where a block (named, or the start block left unmeasured) makes a tensor CUDA cannot index."""
+    elements = over_index_limit(geometry.largest_per_voxel, geometry.input_shape.prod(), batch_size)
+    if elements is not None:
+        logger.warning(
+            "the network makes a tensor of %.2f G elements on a block of input %s at batch %d, over the 2^31 that "
+            "cuDNN indexes: expect passes many times slower, or a CUDA error; use a smaller --block (or --block auto)",
+            elements / 1e9, "x".join(map(str, geometry.input_shape)), batch_size)
+
+
 def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
                        geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float, *, block_named: bool,
-                       measure: bool, todo_share: float = 1.0, host_budget: HostBudget | None = None
-                       ) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
+                       measure: bool, todo_share: float = 1.0, host_budget: HostBudget | None = None,
+                       warm: bool = True) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
     """The block, batch and memory format the options leave open, measured within the run's budget.
 
     ``block`` is the start block the dry run took ``dry_run_s`` on; see
     :mod:`blockpred.tuning.defaults` for when and how much is measured.  ``todo_share``:
-    the share of the blocks still to run (a resume), which the estimate counts.
+    the share of the blocks still to run (a resume), which the estimate counts.  ``warm``: the predictor ran
+    the start block at its precision already (``--precision auto``'s check can leave it at one that did not).
+
+    On CUDA a shape's first pass is many times a warm one (cuDNN tries its kernels for the shape): the
+    estimate's pass follows a warm-up where the precision is new, and a trial of a shape not yet run is
+    foreseen at its passes plus that first pass's excess on the start block (``cold_s``).  An H200 spent
+    11.1 s measuring a run estimated at 9.7 s where trials were foreseen at their warm passes (2026-11-26).
     """
     want_block, want_batch = not block_named, cfg.batch_size is None
     want_format = cfg.memory_format is None and cfg.compile == "off" and cfg.backend in ("auto", "torch")
@@ -280,8 +305,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     spent = lambda: time.perf_counter() - started  # noqa: E731
     predictor_start_backend = predictor.backend
 
-    def choose(budget: float, pass_s: float | None = None,
-               backend_budget: float = 0.0) -> tuple[FormatChoice | None, SizeChoice | None]:
+    def choose(budget: float, pass_s: float | None = None, backend_budget: float = 0.0,
+               cold_s: float = 0.0) -> tuple[FormatChoice | None, SizeChoice | None]:
         """What is cached, and within ``budget`` seconds (from ``started``) what is not.
 
         ``pass_s``: a warm pass of the start block in the predictor's layout (contiguous unless named), timed
@@ -305,7 +330,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
             if want_format and pass_s is not None:
                 # The passes of a quick trial per layout not yet timed (the estimate's pass is the known one's).
                 untimed = [name for name in layouts if name not in (known_format or {})]
-                if spent() + cost + quick_trial_passes(predictor.device.type) * len(untimed) * pass_s > budget:
+                if spent() + cost + (quick_trial_passes(predictor.device.type) * pass_s + cold_s) * len(untimed) > budget:
                     skip += untimed
             timed = [name for name in (*layouts, *(("openvino",) if want_backend else ()))
                      if name not in skip and name not in (known_format or {})]
@@ -327,7 +352,8 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
             # a larger block untimed (see autosize.pick).
             chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
                                       fixed_block=None if want_block else block, quick_s=max(0.0, left),
-                                      cached_only=left <= 0 and not known, known=known, host_budget=host_budget)
+                                      cached_only=left <= 0 and not known, known=known, host_budget=host_budget,
+                                      cold_s=cold_s)
         return chosen_format, chosen_sizes
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
@@ -337,8 +363,11 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     if not complete and measure and measuring_budget(estimated) > 0:
         # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
         batch = np.random.default_rng(0).random(shape, dtype=np.float32)  # kernels may run faster on zeros
-        started = time.perf_counter()
+        cuda = predictor.device.type == "cuda"
         try:
+            if cuda and not warm:
+                predictor(batch)  # cuDNN's first pass at this precision: not the run's
+            started = time.perf_counter()
             predictor(batch)
         except Exception as err:  # noqa: BLE001 - out of memory ends the measuring; anything else is the network's
             if not is_out_of_memory(err):
@@ -348,7 +377,9 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         else:
             pass_s = spent()
             estimated = blocks * pass_s
-            format_choice, sizing = choose(measuring_budget(estimated), pass_s, BACKEND_BUDGET_FRACTION * estimated)
+            cold_s = max(0.0, dry_run_s - pass_s) if cuda else 0.0  # a CPU's quick trial is one cold pass already
+            format_choice, sizing = choose(measuring_budget(estimated), pass_s, BACKEND_BUDGET_FRACTION * estimated,
+                                           cold_s)
     measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
     found = format_choice is not None or sizing is not None
     if measured:
@@ -379,7 +410,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
 def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
                halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None,
                quick_s: float | None = None, cached_only: bool = False,
-               known: tuple = (), host_budget: HostBudget | None = None) -> SizeChoice | None:
+               known: tuple = (), host_budget: HostBudget | None = None, cold_s: float = 0.0) -> SizeChoice | None:
     """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
 
     ``quick_s`` / ``cached_only``: the measured defaults' search (see
@@ -399,11 +430,12 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         base_block=base_block, roi=roi,
         steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
         fixed_block=fixed_block, fixed_batch=None if cfg.batch_size in ("auto", None) else cfg.batch_size,
+        max_input_voxels=max_input_voxels(geometry.largest_per_voxel) if on_cuda(cfg, predictor) else None,
     )
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
         choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
-                              known=known, host_budget=host_budget)
+                              known=known, host_budget=host_budget, cold_s=cold_s)
     else:  # the trials belong on the workers' devices, which this machine may not have
         from ..cluster.scheduler import run_on_a_worker
 

@@ -168,7 +168,7 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
            max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False,
-           known: tuple[Trial, ...] = (), untimed: bool = True, trial_passes: int = 2,
+           known: tuple[Trial, ...] = (), untimed: bool = True, trial_passes: int = 2, cold_s: float = 0.0,
            clock: Callable[[], float] = time.perf_counter) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
@@ -181,7 +181,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     With ``untimed``, a larger one chosen untimed where it should pay (see :func:`pick`).
     ``known``: trials already run (the caller timed them, or an earlier search cut short by its
     time): taken as they are, not run again; a known pass foresees a trial of ``trial_passes``
-    passes.  The choice is not ``complete`` when the time ended the search after it ran a trial:
+    passes and ``cold_s`` more (on CUDA a new shape's first pass costs that much beyond a warm one).  The choice is not ``complete`` when the time ended the search after it ran a trial:
     one that ran none could not go further at this time either.  ``clock``: the seconds the search
     reads its time from (a test's clock moves with the trials it runs, not with the machine's load).
     """
@@ -215,7 +215,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             trial = run(block, batch_size)
             ran.append(trial)
         # A known trial's time foresees a trial's passes (a warm-up and a timed one on a GPU, see trial_runner).
-        took = (trial_passes * trial.seconds_per_pass if (block, batch_size) in already
+        took = (trial_passes * trial.seconds_per_pass + cold_s if (block, batch_size) in already
                 else clock() - begin)
         last[:] = [(problem.input_shape(block).prod() * batch_size, took)]
         trials.append(trial)
@@ -265,7 +265,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             blocks_in_region = problem.blocks_over_region(block).prod()
             batch_size = 2
             while (batch_size <= min(problem.max_batch, blocks_in_region)
-                   and not out_of_time(block, batch_size)):
+                   and problem.under_index_limit(block, batch_size) and not out_of_time(block, batch_size)):
                 saving = foreseen_batch_saving_s(problem, trials, block, batch_size) if coarse else math.inf
                 if saving < foreseen_s(block, batch_size):
                     break  # the trial would cost more than the batch may save in this run
@@ -410,7 +410,7 @@ def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: Ca
 def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict, cache: SizeCache | None = None,
                  budget_bytes: int | None = None, quick_s: float | None = None,
                  cached_only: bool = False, known: tuple[Trial, ...] = (),
-                 host_budget: HostBudget | None = None) -> SizeChoice | None:
+                 host_budget: HostBudget | None = None, cold_s: float = 0.0) -> SizeChoice | None:
     """The cached choice for this model, device, precision and problem, else :func:`search` (then cached).
 
     ``quick_s``: the measured defaults' search (coarse candidates, one pass
@@ -421,7 +421,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     quick search.  A complete one is timed again while :func:`recheck_due`
     (its choice then says ``complete=False`` to a ``cached_only`` caller).
     ``cached_only``: the cache alone; None when nothing is cached.
-    ``known``: trials the caller already timed (see :func:`search`).
+    ``known``: trials the caller already timed, ``cold_s`` (see :func:`search`).
     ``host_budget`` (on the CPU): the host memory the trials and the run may take, resolved here; cached
     trials are taken under it (:meth:`blockpred.tuning.hostbudget.HostMeter.review`).  The memory the trials
     used goes back before the run (:meth:`Predictor.release_memory`).
@@ -455,7 +455,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True, host=host),
                         max_total_s=quick_s, coarse=True, known=known, untimed=untimed,
-                        trial_passes=quick_trial_passes(predictor.device.type))
+                        trial_passes=quick_trial_passes(predictor.device.type), cold_s=cold_s)
     predictor.release_memory(host=True)  # the trials' larger blocks are not held through the run
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..errors import InvalidOptionError, ModelLoadError, is_out_of_memory
 from ..geometry import Coord
 from ..pipeline.infer import Predictor
+from .tensors import LargestTensor, weight_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +26,14 @@ class NetworkGeometry:
     input_shape: Coord  # spatial input of one block
     output_shape: Coord  # spatial output for that input
     context: Coord  # voxels a valid network consumes on each side (0 for 'same')
+    #: The largest tensor of the first dry run per input voxel (see :mod:`.tensors`); None where not counted.
+    largest_per_voxel: float | None = None
 
 
-def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | None = None) -> tuple[int, Coord]:
+def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | None = None,
+             counter: LargestTensor | None = None) -> tuple[int, Coord]:
     logger.info("dry run of the network on an input of %s", "x".join(map(str, shape)))
+    predictor.watch = counter
     try:
         out = predictor.output_shape((1, in_channels) + tuple(shape))
     except Exception as err:
@@ -47,6 +52,8 @@ def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | 
             f"the network failed on an input of shape (1, {in_channels}, {', '.join(map(str, shape))}): {first_line}; "
             f"check that it takes {in_channels} input channel(s) and suits the block and halo"
         ) from err
+    finally:
+        predictor.watch = None
     if len(out) != 5:
         raise ModelLoadError(
             f"the network returned shape {out} for a 5D input; blockpred needs (batch, channels, z, y, x)"
@@ -74,7 +81,11 @@ def probe_network(
     """
     if first_input is None:
         first_input = (block + halo * 2).ceil_div(downsampling) * downsampling
-    out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes)
+    # torch's own path, uncompiled, is counted (another backend's or a compiled graph's tensors are not torch's)
+    counter = (LargestTensor(weight_shapes(predictor.module))
+               if predictor.backend == "torch" and predictor.compile == "off" else None)
+    out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes, counter)
+    per_voxel = counter.elements / first_input.prod() if counter is not None and counter.elements else None
     shrink = first_input - first_output
     if any(s < 0 or s % 2 for s in shrink):
         raise ModelLoadError(
@@ -83,7 +94,7 @@ def probe_network(
         )
     context = shrink // 2
     if context == Coord((0, 0, 0)):
-        return NetworkGeometry(in_channels, out_channels, first_input, first_output, context)
+        return NetworkGeometry(in_channels, out_channels, first_input, first_output, context, per_voxel)
     valid_input = block + (halo + context) * 2
     wanted = block + halo * 2
     try:
@@ -98,4 +109,4 @@ def probe_network(
             f"block {tuple(block)} with halo {tuple(halo)}: this valid-convolution network maps {tuple(valid_input)} "
             f"to {tuple(valid_output)}, not {tuple(wanted)}; try another block size"
         )
-    return NetworkGeometry(in_channels, out_channels, valid_input, valid_output, context)
+    return NetworkGeometry(in_channels, out_channels, valid_input, valid_output, context, per_voxel)

@@ -106,6 +106,8 @@ def _problem_json(problem: SizeProblem) -> dict:
     for name, value in asdict(problem).items():
         if name == "roi":
             continue  # not part of the key: see SizeCache
+        if name == "max_input_voxels" and value is None:
+            continue  # no limit (the CPU): the key of the trials cached before the limit
         if name == "steps":
             value = {"scale": problem.steps.scale, "offset": problem.steps.offset,
                      "channels": problem.steps.channels, "output_dtype": np.dtype(problem.steps.output_dtype).name}

@@ -80,6 +80,9 @@ class SizeProblem:
     fixed_block: Coord | None = None
     fixed_batch: int | None = None
     max_batch: int = 64
+    #: Network input voxels over a batch whose largest tensor stays under CUDA's 32-bit index limit (see
+    #: :mod:`blockpred.tuning.tensors`); None: no limit (the CPU, or a network whose tensors were not counted).
+    max_input_voxels: int | None = None
 
     @property
     def max_block(self) -> Coord:
@@ -94,6 +97,10 @@ class SizeProblem:
     def input_shape(self, block: Coord) -> Coord:
         return block + (self.halo + self.context) * 2 + self.input_extra
 
+    def under_index_limit(self, block: Coord, batch_size: int = 1) -> bool:
+        """Whether ``batch_size`` blocks of ``block`` keep every tensor under :attr:`max_input_voxels`."""
+        return self.max_input_voxels is None or self.input_shape(block).prod() * batch_size <= self.max_input_voxels
+
     def computed_voxels(self, block: Coord) -> int:
         """Input voxels the network computes to tile the region with ``block``: halo and overhang included."""
         return self.blocks_over_region(block).prod() * self.input_shape(block).prod()
@@ -103,7 +110,8 @@ class SizeProblem:
 
         ``coarse`` (the measured defaults): from the base block up, twice as long per axis each
         step (eight times the voxels), so a few trials reach blocks that cover the region.
-        Each candidate is :meth:`balanced` over the region.
+        Each candidate is :meth:`balanced` over the region.  None is over the index limit
+        (:meth:`under_index_limit`), except the smallest where every one is.
         """
         if self.fixed_block is not None:
             return [self.fixed_block]
@@ -114,7 +122,8 @@ class SizeProblem:
                                         for b, s, m in zip(self.base_block, self.step, self.max_block)))
             if block not in seen:
                 seen.append(block)
-        return sorted(seen, key=lambda b: (b.prod(), tuple(b)))
+        ordered = sorted(seen, key=lambda b: (b.prod(), tuple(b)))
+        return [b for b in ordered if self.under_index_limit(b)] or ordered[:1]
 
     def blocks_over_region(self, block: Coord) -> Coord:
         """Blocks per axis that cover the region (the grid starts at the volume's origin)."""

@@ -1,0 +1,65 @@
+"""The largest tensor a network makes per input voxel, and the block it allows on CUDA.
+
+cuDNN's convolutions, and some of PyTorch's own CUDA kernels, index a tensor
+with 32-bit integers.  A tensor of 2^31 elements or more makes a convolution
+fall back to kernels many times slower, or fail with "an illegal memory access
+was encountered", which leaves the device unusable in that process
+(pytorch/pytorch#117736).  Memory does not warn of it: on an H200 (139 GiB),
+2026-11-26, ``cremi2018`` at block 110x783x783 with halo (14, 135, 135)
+(input 138x1053x1053; 24 maps at full resolution, 3.7 G elements) took 62 s a
+pass where 55x594x594 took 0.13 s, and ``unet32`` at block 220x464x464 (input
+284x528x528; 64 maps, 5.1 G elements) failed with that illegal memory access.
+
+The network's first dry run counts the largest tensor any operation makes or
+takes (:class:`LargestTensor`, a ``TorchDispatchMode``: TorchScript networks
+are seen as well), the network's parameters and buffers left out.  Divided by
+the input's voxels it gives the elements per input voxel, which the block
+search on CUDA keeps under the limit (:func:`max_input_voxels`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+#: Elements a tensor may have for 32-bit indexing.
+INDEX_LIMIT = 2**31 - 1
+#: The share of the limit a block may use: a valid-convolution network's maps grow a little faster than its input.
+INDEX_MARGIN = 0.95
+
+
+class LargestTensor(TorchDispatchMode):
+    """While active, :attr:`elements` is the largest tensor any operation took or made, except ``exclude``'s shapes."""
+
+    def __init__(self, exclude: set[tuple[int, ...]] = frozenset()):
+        super().__init__()
+        self.exclude = exclude
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten((args, kwargs, out))[0]:
+            if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) not in self.exclude:
+                self.elements = max(self.elements, tensor.numel())
+        return out
+
+
+def weight_shapes(module: torch.nn.Module) -> set[tuple[int, ...]]:
+    """The shapes of ``module``'s parameters and buffers (and their casts, which keep the shape)."""
+    return {tuple(t.shape) for t in (*module.parameters(), *module.buffers())}
+
+
+def max_input_voxels(per_voxel: float | None) -> int | None:
+    """Network input voxels (over a batch) whose largest tensor stays under the limit; None when not known."""
+    if not per_voxel or per_voxel <= 0:
+        return None
+    return int(INDEX_LIMIT * INDEX_MARGIN / per_voxel)
+
+
+def over_index_limit(per_voxel: float | None, input_voxels: int, batch_size: int = 1) -> int | None:
+    """The largest tensor's elements at ``batch_size`` blocks of ``input_voxels`` where over the limit, else None."""
+    if not per_voxel:
+        return None
+    elements = int(per_voxel * input_voxels * batch_size)
+    return elements if elements > INDEX_LIMIT else None
