@@ -96,7 +96,8 @@ class Campaign:
     def left(self) -> float:
         return self.end - time.time()
 
-    def step(self, label: str, argv: list[str], limit: float, need: float = 20.0) -> dict | None:
+    def step(self, label: str, argv: list[str], limit: float, need: float = 20.0,
+             events: Path | None = None) -> dict | None:
         """Run ``argv`` sampled; the parsed ``--json`` summary (its last stdout line) and the GPU figures."""
         if self.left() < need:
             log(f"-- {label}: skipped, {self.left():.0f} s left")
@@ -133,6 +134,12 @@ class Campaign:
             record["summary"] = summary
         if rc != 0 or not objects:
             record["stdout_tail"] = stdout[-1500:]
+        if events is not None and events.exists():  # --progress-json: when the first block was done
+            lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+            begin = next((e["time"] for e in lines if e.get("event") == "start"), None)
+            first = next((e["time"] for e in lines if e.get("event") == "progress" and e.get("blocks_done")), None)
+            if begin is not None and first is not None:
+                record["first_block_done_after_pipeline_start_s"] = round(first - begin, 2)
         log(f"   rc {rc}, {wall:.1f} s: " + json.dumps({k: v for k, v in record.items() if k not in ("command",)}))
         self.results.append(record)
         with open(OUT / "results.jsonl", "a") as handle:
@@ -140,8 +147,11 @@ class Campaign:
         return record
 
     def run(self, label: str, source: str, target: str, *options: str, limit: float = 120) -> dict | None:
-        return self.step(label, [PY, "-m", "blockpred", "run", source, target, "--device", self.device, "--json",
-                                 "--no-progress", "--overwrite", *options], limit)
+        """``blockpred -v run`` (its log, timestamped, shows where the start-up goes), its progress events kept."""
+        events = WORK / f"events-{len(self.results)}.jsonl"
+        return self.step(label, [PY, "-m", "blockpred", "-v", "run", source, target, "--device", self.device,
+                                 "--json", "--no-progress", "--overwrite", "--progress-json", str(events), *options],
+                         limit, events=events)
 
     def model_only(self, label: str, *options: str, limit: float = 90) -> dict | None:
         path = WORK / f"{label}.json"
@@ -319,16 +329,17 @@ def main() -> None:
 
 
 def write_table(results: list[dict]) -> None:
-    lines = ["| step | rc | wall s | Mvox/s | started s | pipeline s | block / batch / precision | GPU busy "
-             "(pipeline / all) | GPU mem GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| step | rc | wall s | Mvox/s | started s | first block done s | pipeline s | block / batch / precision | GPU busy "
+             "(pipeline / all) | GPU mem GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         choice = f"{r.get('block')} / {r.get('batch_size')} / {r.get('precision')}" if r.get("block") else ""
         lines.append(f"| {r['label']} | {r['rc']} | {r['wall_s']} | {r.get('mvox_per_s', '')} | "
-                     f"{r.get('started_s', '')} | {r.get('seconds', '')} | {choice} | "
+                     f"{r.get('started_s', '')} | {r.get('first_block_done_after_pipeline_start_s', '')} | "
+                     f"{r.get('seconds', '')} | {choice} | "
                      f"{r.get('gpu_busy_pipeline', '')} / {r.get('gpu_busy_all', '')} | {r.get('gpu_mem_peak_gib', '')} |")
         for row in r.get("model_only", []):
             lines.append(f"| ↳ model only {row.get('precision')} {row.get('memory_format') or ''} b{row.get('batch_size')}"
-                         f" {row.get('block')} | | | {round(row.get('output_mvox_per_s') or 0, 1)} | | {round(row.get('mean_s') or 0, 4)} | | "
+                         f" {row.get('block')} | | | {round(row.get('output_mvox_per_s') or 0, 1)} | | | {round(row.get('mean_s') or 0, 4)} | | "
                          f"{(row.get('load') or {}).get('label', '')} | "
                          f"{round((row.get('peak_memory_bytes') or 0) / 2**30, 2)} |")
     (OUT / "results.md").write_text("\n".join(lines) + "\n")

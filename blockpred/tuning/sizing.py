@@ -111,19 +111,31 @@ class SizeProblem:
         ``coarse`` (the measured defaults): from the base block up, twice as long per axis each
         step (eight times the voxels), so a few trials reach blocks that cover the region.
         Each candidate is :meth:`balanced` over the region.  None is over the index limit
-        (:meth:`under_index_limit`), except the smallest where every one is.
+        (:meth:`under_index_limit`), except the smallest where every one is; where the limit cuts the
+        coarse ladder, the largest block of the fine one under it is the last candidate.
         """
         if self.fixed_block is not None:
             return [self.fixed_block]
+        ordered = self._ladder(range(0, 19, 3) if coarse else range(-9, 19))
+        kept = [b for b in ordered if self.under_index_limit(b)] or ordered[:1]
+        if coarse and len(kept) < len(ordered):
+            # The limit cut the ladder: the largest block under it (on the fine ladder, at least half the limit)
+            # is a candidate too, else the coarse steps (8x the voxels) would stop at up to 1/8 of it.
+            under = [b for b in self._ladder(range(-9, 19)) if self.under_index_limit(b)]
+            if under and under[-1].prod() > kept[-1].prod():
+                kept.append(under[-1])
+        return kept
+
+    def _ladder(self, steps: range) -> list[Coord]:
+        """The base block times 2^(k/3) per axis for ``k`` in ``steps``, on the step, balanced, smallest first."""
         seen: list[Coord] = []
-        for k in (range(0, 19, 3) if coarse else range(-9, 19)):
+        for k in steps:
             factor = 2 ** (k / 3)
             block = self.balanced(Coord(min(math.ceil(b * factor / s) * s, m)
                                         for b, s, m in zip(self.base_block, self.step, self.max_block)))
             if block not in seen:
                 seen.append(block)
-        ordered = sorted(seen, key=lambda b: (b.prod(), tuple(b)))
-        return [b for b in ordered if self.under_index_limit(b)] or ordered[:1]
+        return sorted(seen, key=lambda b: (b.prod(), tuple(b)))
 
     def blocks_over_region(self, block: Coord) -> Coord:
         """Blocks per axis that cover the region (the grid starts at the volume's origin)."""

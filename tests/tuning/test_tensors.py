@@ -105,3 +105,19 @@ def test_a_lost_device_fails_the_run_at_once_in_one_line_without_retries(tmp_pat
     assert "retrying" not in caplog.text
     calls = log.read_text().count("call")
     assert 1 <= calls < 8, f"{calls} passes on a lost device (8 blocks; a retry would run them again)"
+
+
+def test_where_the_limit_cuts_the_coarse_ladder_its_last_candidate_is_the_largest_block_under_it():
+    # cremi2018's geometry on the H200's volume: the coarse ladder (8x the voxels a step) went 55x486x486
+    # (0.53 of the limit) -> 110x783x783 (1.71, 62 s a block); the largest block of the fine ladder under it is
+    # a candidate instead of nothing between
+    limit = max_input_voxels(24.0)
+    prob = SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((14, 135, 135)),
+                       context=Coord((0, 0, 0)), input_extra=Coord((0, 0, 0)), step=Coord((1, 27, 27)),
+                       base_block=Coord((32, 270, 270)), roi=Box.from_shape(Coord((220, 2304, 2304))),
+                       max_input_voxels=limit)
+    coarse = prob.candidates(coarse=True)
+    assert coarse[:2] == [Coord((32, 270, 270)), Coord((55, 486, 486))]
+    assert coarse[-1] == Coord((74, 594, 594))
+    assert limit / 2 < prob.input_shape(coarse[-1]).prod() <= limit
+    assert all(prob.input_shape(b).prod() <= limit for b in prob.candidates())
