@@ -84,7 +84,13 @@ def probe_network(
     # torch's own path, uncompiled, is counted (another backend's or a compiled graph's tensors are not torch's)
     counter = (LargestTensor(weight_shapes(predictor.module))
                if predictor.backend == "torch" and predictor.compile == "off" else None)
-    out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes, counter)
+    try:
+        out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes, counter)
+    except (ModelLoadError, InvalidOptionError):
+        if counter is None:
+            raise
+        counter = None  # the count itself may be what failed: the network is tried as it runs, uncounted
+        out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes)
     per_voxel = counter.elements / first_input.prod() if counter is not None and counter.elements else None
     shrink = first_input - first_output
     if any(s < 0 or s % 2 for s in shrink):

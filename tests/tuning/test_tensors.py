@@ -121,3 +121,18 @@ def test_where_the_limit_cuts_the_coarse_ladder_its_last_candidate_is_the_larges
     assert coarse[-1] == Coord((74, 594, 594))
     assert limit / 2 < prob.input_shape(coarse[-1]).prod() <= limit
     assert all(prob.input_shape(b).prod() <= limit for b in prob.candidates())
+
+
+class RefusesToBeWatched(torch.nn.Module):
+    """Fails under any torch dispatch mode, as a network with its own dispatch tricks might."""
+
+    def forward(self, x):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if _get_current_dispatch_mode() is not None:
+            raise RuntimeError("this network runs under no dispatch mode")
+        return x * 2
+
+
+def test_a_network_the_count_breaks_still_runs_uncounted():
+    assert per_voxel(RefusesToBeWatched(), (8, 8, 8), (0, 0, 0), (1, 1, 1)) is None
