@@ -92,6 +92,8 @@ def probe_network(
         counter = None  # the count itself may be what failed: the network is tried as it runs, uncounted
         out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes)
     per_voxel = counter.elements / first_input.prod() if counter is not None and counter.elements else None
+    if per_voxel is not None:
+        logger.info("largest tensor of the dry run: %d elements, %.1f per input voxel", counter.elements, per_voxel)
     shrink = first_input - first_output
     if any(s < 0 or s % 2 for s in shrink):
         raise ModelLoadError(
