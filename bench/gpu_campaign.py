@@ -226,13 +226,14 @@ t = timed(lambda: a @ b, 20); print(f"bf16 matmul {2 * 8192**3 / t / 1e12:.0f} T
     c.step("env", [PY, "-c", code], 60)
 
 
-def part_cremi(c: Campaign, volume: Path) -> None:
-    out = "/tmp/blockpred-gpu-cremi.zarr"
-    first = c.run("cremi2018 default, first run (empty cache)", str(volume), out, "--model", NETS["cremi2018"], limit=150)
-    cached = c.run("cremi2018 default, cached", str(volume), out, "--model", NETS["cremi2018"], limit=90)
+def part_defaults(c: Campaign, volume: Path, name: str) -> None:
+    """The network at the defaults: a first run (empty cache), a cached one, and model only at what they chose."""
+    out = f"/tmp/blockpred-gpu-{name}.zarr"
+    first = c.run(f"{name} default, first run (empty cache)", str(volume), out, "--model", NETS[name], limit=150)
+    cached = c.run(f"{name} default, cached", str(volume), out, "--model", NETS[name], limit=90)
     best = cached if cached and cached.get("block") else first
     if best and best.get("block"):
-        c.model_only("cremi2018 model only at the default's choice", "--model", NETS["cremi2018"], *chosen_options(best),
+        c.model_only(f"{name} model only at the default's choice", "--model", NETS[name], *chosen_options(best),
                      limit=60)
 
 
@@ -245,16 +246,6 @@ def part_seed(c: Campaign, volume: Path) -> None:
                  "--batch-size", "1", "--precision", "bf16,fp16", "--memory-format", "contiguous", limit=60)
     c.model_only("cremi2018 model only, seed block, channels_last", "--model", NETS["cremi2018"], *SEED,
                  "--batch-size", "1", "--precision", "bf16,fp16", "--memory-format", "channels_last", limit=60)
-
-
-def part_unet32(c: Campaign, volume: Path) -> None:
-    out = "/tmp/blockpred-gpu-unet32.zarr"
-    first = c.run("unet32 default, first run (empty cache)", str(volume), out, "--model", NETS["unet32"], limit=150)
-    cached = c.run("unet32 default, cached", str(volume), out, "--model", NETS["unet32"], limit=90)
-    best = cached if cached and cached.get("block") else first
-    if best and best.get("block"):
-        c.model_only("unet32 model only at the default's choice", "--model", NETS["unet32"], *chosen_options(best),
-                     limit=60)
 
 
 def part_peers(c: Campaign, volume: Path, depth: int, shape: tuple[int, int, int]) -> None:
@@ -317,8 +308,8 @@ def main() -> None:
         make_volume(volume, shape)
     for part in parts:
         try:
-            {"env": lambda: part_env(c), "cremi": lambda: part_cremi(c, volume),
-             "seed": lambda: part_seed(c, volume), "unet32": lambda: part_unet32(c, volume),
+            {"env": lambda: part_env(c), "cremi": lambda: part_defaults(c, volume, "cremi2018"),
+             "seed": lambda: part_seed(c, volume), "unet32": lambda: part_defaults(c, volume, "unet32"),
              "peers": lambda: part_peers(c, volume, args.peer_depth, shape), "blocks": lambda: part_blocks(c),
              "gputests": lambda: part_gputests(c), "suite": lambda: part_suite(c)}[part]()
         except Exception as err:  # one part's failure must not lose the others

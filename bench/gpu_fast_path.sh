@@ -39,24 +39,8 @@ SEED="--block 55,594,594 --halo 5,50,50"
 for part in "$@"; do
   case $part in
   env)
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv \
-      >> "$OUT/log.txt" 2>&1
-    timeout 120 python3 - >> "$OUT/log.txt" 2>&1 <<'EOF'
-import os, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
-      torch.cuda.get_device_name(), "cores", os.cpu_count())
-x = torch.empty(2**31, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-def timed(f, n):
-    for _ in range(3): f()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); [f() for _ in range(n)]; e.record(); torch.cuda.synchronize(); return s.elapsed_time(e) / 1e3 / n
-t = timed(lambda: y.copy_(x), 20); print(f"device copy {2 * x.numel() / t / 1e9:.0f} GB/s (read + write)")
-t = timed(lambda: a @ b, 20); print(f"bf16 matmul {2 * 8192**3 / t / 1e12:.0f} TFLOP/s")
-h = torch.empty(2**30, dtype=torch.uint8, pin_memory=True); d = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-t = timed(lambda: d.copy_(h, non_blocking=True), 10); print(f"host->device pinned {h.numel() / t / 1e9:.1f} GB/s")
-t = timed(lambda: h.copy_(d, non_blocking=True), 10); print(f"device->host pinned {h.numel() / t / 1e9:.1f} GB/s")
-EOF
+    # the GPU, driver, torch, what is installed and the two ceilings: the campaign's own step
+    OUT=$OUT timeout 120 python3 bench/gpu_campaign.py --parts env --budget 100 > /dev/null 2>&1
     ;;
   gputests)
     log "== pytest -m gpu"
