@@ -268,6 +268,13 @@ def on_cuda(cfg: RunConfig, predictor: Predictor) -> bool:
     return predictor.device.type == "cuda" or str(cfg.device).startswith("cuda")
 
 
+def index_limited(cfg: RunConfig, predictor: Predictor) -> bool:
+    """Whether the size search keeps to CUDA's index limit: on CUDA, and wherever workers elsewhere choose
+    (``--scheduler``, ``--cluster``: a GPU this process cannot see; on a CPU worker the limit is far above
+    any block its memory holds)."""
+    return on_cuda(cfg, predictor) or cfg.scheduler is not None or cfg.cluster is not None
+
+
 def _warn_over_index_limit(geometry: NetworkGeometry, batch_size: int) -> None:
     """One line where a block (named, or the start block left unmeasured) makes a tensor CUDA cannot index."""
     elements = over_index_limit(geometry.largest_per_voxel, geometry.input_shape.prod(), batch_size)
@@ -430,7 +437,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         base_block=base_block, roi=roi,
         steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
         fixed_block=fixed_block, fixed_batch=None if cfg.batch_size in ("auto", None) else cfg.batch_size,
-        max_input_voxels=max_input_voxels(geometry.largest_per_voxel) if on_cuda(cfg, predictor) else None,
+        max_input_voxels=max_input_voxels(geometry.largest_per_voxel) if index_limited(cfg, predictor) else None,
     )
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:

@@ -136,3 +136,14 @@ class RefusesToBeWatched(torch.nn.Module):
 
 def test_a_network_the_count_breaks_still_runs_uncounted():
     assert per_voxel(RefusesToBeWatched(), (8, 8, 8), (0, 0, 0), (1, 1, 1)) is None
+
+
+def test_the_limit_holds_on_cuda_and_wherever_workers_this_process_cannot_see_choose():
+    from blockpred.config import RunConfig
+    from blockpred.run.choose import index_limited
+
+    cpu = Predictor(torch.nn.Identity(), torch.device("cpu"))
+    assert not index_limited(RunConfig(device="cpu"), cpu)
+    assert index_limited(RunConfig(device="cuda"), cpu)  # workers on a cluster joined with --device cuda
+    assert index_limited(RunConfig(scheduler="tcp://127.0.0.1:8786"), cpu)  # their devices are not seen here
+    assert index_limited(RunConfig(cluster="slurm"), cpu)
