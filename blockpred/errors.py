@@ -115,14 +115,23 @@ _DEVICE_LOST_TEXTS = ("an illegal memory access was encountered", "unspecified l
                       "device-side assert triggered", "misaligned address", "an illegal instruction was encountered")
 
 
-def is_device_lost(error: BaseException | None) -> bool:
-    """True when ``error`` (or an error it was raised from) is a CUDA error that leaves the device unusable here."""
+def _causes(error: BaseException | None):
+    """``error`` and the errors it was raised from (eight at most)."""
     seen = 0
     while error is not None and seen < 8:
-        if any(words in str(error).lower() for words in _DEVICE_LOST_TEXTS):
-            return True
+        yield error
         error, seen = error.__cause__ or error.__context__, seen + 1
-    return False
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s text, or its class's name where it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def is_device_lost(error: BaseException | None) -> bool:
+    """True when ``error`` (or an error it was raised from) is a CUDA error that leaves the device unusable here."""
+    return any(words in str(cause).lower() for cause in _causes(error) for words in _DEVICE_LOST_TEXTS)
 
 
 #: What a lost device's one line adds: the known cause and the way past it.
@@ -131,17 +140,15 @@ DEVICE_LOST_HINT = ("the GPU is unusable in this process after such an error; a 
 
 
 def is_permanent(error: BaseException | None) -> bool:
-    """True when ``error`` (or an error it was raised from) is a fault a retry would only repeat."""
-    seen = 0
-    while error is not None and seen < 8:
-        if isinstance(error, (OwnershipLostError, MissingChunkError)):
+    """True when ``error`` (or an error it was raised from) is a fault a retry would only repeat: a full disk, a
+    refused permission, a chunk that does not decode, a lost device (:func:`is_device_lost`) ..."""
+    for cause in _causes(error):
+        if isinstance(cause, (OwnershipLostError, MissingChunkError)):
             return True
-        if isinstance(error, OSError) and error.errno in PERMANENT_ERRNOS:
+        if isinstance(cause, OSError) and cause.errno in PERMANENT_ERRNOS:
             return True
-        text = str(error).lower()
-        if any(words in text for words in _PERMANENT_TEXTS + _DEVICE_LOST_TEXTS):
+        if any(words in str(cause).lower() for words in _PERMANENT_TEXTS + _DEVICE_LOST_TEXTS):
             return True
-        error, seen = error.__cause__ or error.__context__, seen + 1
     return False
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..errors import DEVICE_LOST_HINT, BlockFailedError, MissingChunkError, is_device_lost
+from ..errors import DEVICE_LOST_HINT, BlockFailedError, MissingChunkError, first_line, is_device_lost
 from ..geometry import Box, Coord
 from ..io.base import Volume
 from ..normalize import Normalization
@@ -384,11 +384,8 @@ class _DeviceFeed:
         batch_note = ""
         if len(blocks) > 1:
             batch_note = f" in a batch with {', '.join(str(tuple(b.index)) for b in blocks)}"
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if is_device_lost(err):  # CUDA's text runs over several lines of advice that does not apply here
-            text = f"{text}; {DEVICE_LOST_HINT}"
-        else:
-            text = str(err)
+        # CUDA's text runs on over lines of debugging advice that does not apply here
+        text = f"{first_line(err)}; {DEVICE_LOST_HINT}" if is_device_lost(err) else str(err)
         for block in blocks:
             error = BlockFailedError(block.index, f"the network failed on {block}{batch_note}: {text}")
             error.__cause__ = err

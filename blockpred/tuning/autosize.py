@@ -181,8 +181,9 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     With ``untimed``, a larger one chosen untimed where it should pay (see :func:`pick`).
     ``known``: trials already run (the caller timed them, or an earlier search cut short by its
     time): taken as they are, not run again; a known pass foresees a trial of ``trial_passes``
-    passes and ``cold_s`` more (on CUDA a new shape's first pass costs that much beyond a warm one).  The choice is not ``complete`` when the time ended the search after it ran a trial:
-    one that ran none could not go further at this time either.  ``clock``: the seconds the search
+    passes and ``cold_s`` more (on CUDA a new shape's first pass costs that much beyond a warm one).
+    The choice is not ``complete`` when the time ended the search after it ran a trial: one that ran
+    none could not go further at this time either.  ``clock``: the seconds the search
     reads its time from (a test's clock moves with the trials it runs, not with the machine's load).
     """
     candidates = problem.candidates(coarse)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..errors import InvalidOptionError, ModelLoadError, is_out_of_memory
+from ..errors import InvalidOptionError, ModelLoadError, first_line, is_out_of_memory
 from ..geometry import Coord
 from ..pipeline.infer import Predictor
 from .tensors import LargestTensor, weight_shapes
@@ -37,7 +37,7 @@ def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | 
     try:
         out = predictor.output_shape((1, in_channels) + tuple(shape))
     except Exception as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        line = first_line(err)
         if is_out_of_memory(err):
             raise InvalidOptionError(
                 f"the network ran out of device memory on one block (input {'x'.join(map(str, shape))}): "
@@ -45,11 +45,11 @@ def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | 
             ) from err
         if sizes is not None:
             raise InvalidOptionError(
-                f"the network does not take an input of {'x'.join(map(str, shape))} ({first_line}); it takes "
+                f"the network does not take an input of {'x'.join(map(str, shape))} ({line}); it takes "
                 f"sizes {sizes}: choose --block (and --halo) so that block + 2 x halo is one of them"
             ) from err
         raise ModelLoadError(
-            f"the network failed on an input of shape (1, {in_channels}, {', '.join(map(str, shape))}): {first_line}; "
+            f"the network failed on an input of shape (1, {in_channels}, {', '.join(map(str, shape))}): {line}; "
             f"check that it takes {in_channels} input channel(s) and suits the block and halo"
         ) from err
     finally:
