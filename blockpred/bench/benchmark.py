@@ -235,7 +235,7 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
         if target.type == "cpu" and progress is not None:
             progress(_cpu_estimate(predictor, loaded, in_channels, chosen, halo_, batches, warmup + iterations))
         geometry = probe_network(predictor, in_channels=in_channels, block=chosen, halo=halo_,
-                                 downsampling=loaded.downsampling)
+                                 downsampling=loaded.downsampling, count=False)
         sample = np.random.default_rng(0).random((1, in_channels) + tuple(geometry.input_shape), dtype=np.float32)
         reference = None
         for backend in runs_on:
@@ -268,7 +268,7 @@ def _cpu_estimate(predictor: Predictor, loaded, in_channels: int, block: Coord, 
     started = time.perf_counter()
     try:
         probe = probe_network(predictor, in_channels=in_channels, block=small, halo=halo,
-                              downsampling=loaded.downsampling)
+                              downsampling=loaded.downsampling, count=False)
     except Exception:  # noqa: BLE001 - too small for the network: the full block's dry run says what is wrong
         return f"{loaded.name} {predictor.precision}: block {tuple(block)} on the CPU (no estimate)"
     seconds = time.perf_counter() - started
@@ -297,7 +297,8 @@ def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, hal
 
     step = loaded.downsampling
     small = probe_block(block, step) if search_block else block
-    geometry = probe_network(predictor, in_channels=in_channels, block=small, halo=halo, downsampling=step)
+    geometry = probe_network(predictor, in_channels=in_channels, block=small, halo=halo, downsampling=step,
+                             count=predictor.device.type == "cuda")
     problem = SizeProblem(
         in_channels=in_channels, raw_dtype=np.dtype("uint8"), halo=halo, context=geometry.context,
         input_extra=geometry.input_shape - (small + (halo + geometry.context) * 2), step=step, base_block=block,

@@ -29,9 +29,12 @@ maps: a copy with one feature map per layer measures the same radius, faster.
 :func:`~blockpred.models.discover.find_grid` found: one axis at a time, on an
 input long along that axis and as thin as the network takes on the others
 (the reach along an axis does not depend on the extent of the others), one
-backward pass per pooling phase of that axis.  A TorchScript network's max
-pooling cannot be swapped: its gradient is taken at several random inputs
-and their supports united.  A field that still reaches the border of the
+backward pass per pooling phase of that axis, in float32 with the gradient
+scaled far from underflow (float64 where it still comes near).  A TorchScript
+network's max pooling cannot be swapped: its gradient is taken at a random
+input and at two ramps along the axis, rising and falling (with positive
+weights every window's maximum then sits at its far, then its near end: the
+field's two extremes), and the supports united.  A field that still reaches the border of the
 longest input tried (:data:`MAX_SIDE`) is :class:`UnboundedField`: the
 network sees the whole input (instance or group normalisation, global
 pooling, attention), and no halo makes blocks equal the whole volume.  Layers
@@ -59,8 +62,14 @@ __all__ = ["MAX_SIDE", "UnboundedField", "block_normalisations", "field_radius",
 MAX_SIDE = 1024
 #: Input voxels :func:`field_radius` runs at most (thin inputs stay far below).
 MAX_FIELD_VOXELS = 1 << 22
-#: Random inputs whose supports are united where max pooling stays (TorchScript).
-SCRIPTED_SEEDS = 4
+#: Inputs whose supports are united where max pooling stays (TorchScript): a random one and two ramps
+#: (:func:`_probe_input`).
+SCRIPTED_INPUTS = 3
+#: The gradient the backward pass of :func:`field_radius` starts from (float32 reaches 3.4e38).
+GRAD_SCALE = 2.0 ** 64
+#: A float32 gradient below this (float32 underflows below 1.2e-38) makes :func:`field_radius` measure in
+#: float64: a still fainter dependence could have rounded to 0 and hidden part of the field.
+FAINT = 1e-20
 
 _POOL_TO_AVG = {nn.MaxPool1d: nn.AvgPool1d, nn.MaxPool2d: nn.AvgPool2d, nn.MaxPool3d: nn.AvgPool3d}
 #: Layers that normalise over the whole input (per sample): their statistics make every output voxel depend on
@@ -104,12 +113,25 @@ def field_radius(module: nn.Module, in_channels: int, grid, *, plane_axis: int |
     """The per-axis receptive-field radius of ``module`` on ``grid`` (a :class:`~.discover.Grid`), thin axis
     by thin axis (see the module docstring).  0 across a 2D network's planes (``plane_axis``).
 
+    Measured in float32 (several times faster than float64 on a CPU); where a gradient comes within
+    :data:`FAINT` of float32's underflow, measured again in float64.
+
     Raises :class:`UnboundedField` where the field reaches the border of a ``max_side`` input, and
     ValueError where the output depends on no input at all.
     """
-    probe, probe_channels = _structural_copy(module, in_channels, seed)
+    try:
+        return _field_radius(module, in_channels, grid, plane_axis, seed, max_side, torch.float32)
+    except _Faint:
+        logger.debug("receptive field of %s: a gradient near float32's underflow; measured in float64",
+                     type(module).__name__)
+        return _field_radius(module, in_channels, grid, plane_axis, seed, max_side, torch.float64)
+
+
+def _field_radius(module: nn.Module, in_channels: int, grid, plane_axis: int | None, seed: int, max_side: int,
+                  dtype: torch.dtype) -> Coord:
+    probe, probe_channels = _structural_copy(module, in_channels, seed, dtype)
     scripted = any(isinstance(m, torch.jit.ScriptModule) for m in probe.modules())
-    seeds = SCRIPTED_SEEDS if scripted else 1
+    inputs = SCRIPTED_INPUTS if scripted else 1
     radius, unbounded = [0, 0, 0], []
     for axis in range(3):
         if axis == plane_axis:
@@ -124,7 +146,7 @@ def field_radius(module: nn.Module, in_channels: int, grid, *, plane_axis: int |
             if shape.prod() > MAX_FIELD_VOXELS:
                 unbounded.append(axis)
                 break
-            reach = _axis_reach(probe, probe_channels, shape, axis, step, seed, seeds)
+            reach = _axis_reach(probe, probe_channels, shape, axis, step, seed, inputs, dtype)
             if reach is not None:
                 radius[axis] = reach
                 break
@@ -144,15 +166,31 @@ def _taken(grid, axis: int, at_least: int) -> int:
     return low + max(0, -(-(at_least - low) // step)) * step
 
 
+class _Faint(Exception):
+    """A nonzero gradient within :data:`FAINT` of underflow: a fainter one may have rounded to 0."""
+
+
 def _axis_reach(probe: nn.Module, in_channels: int, shape: Coord, axis: int, phases: int, seed: int,
-                seeds: int) -> int | None:
-    """The reach along ``axis`` of ``phases`` neighbouring output voxels; None where it meets the border."""
+                inputs: int, dtype: torch.dtype) -> int | None:
+    """The reach along ``axis`` of ``phases`` neighbouring output voxels; None where it meets the border.
+
+    The ``inputs`` (:func:`_probe_input`) are the items of one batch (a network in eval mode keeps them
+    apart): one forward pass, then one backward pass per phase.  The first runs alone: an input too short
+    shows at once.
+    """
     others = tuple(a for a in range(3) if a != axis)
     reach = 0
-    for k in range(seeds):
-        generator = torch.Generator().manual_seed(seed + k)
-        x = (0.5 + torch.rand((1, in_channels, *shape), generator=generator, dtype=torch.float64)).requires_grad_()
-        y = probe(x)
+    batches = [[0], list(range(1, inputs))] if inputs > 1 else [[0]]
+    while batches:
+        batch = batches.pop(0)
+        x = torch.cat([_probe_input(k, in_channels, shape, axis, seed, dtype) for k in batch]).requires_grad_()
+        try:
+            y = probe(x)
+        except RuntimeError:
+            if len(batch) == 1:
+                raise
+            batches[:0] = [[k] for k in batch]  # a network that takes one item at a time
+            continue
         while isinstance(y, (tuple, list)):
             y = y[0]
         out_shape = Coord(y.shape[2:])
@@ -163,17 +201,41 @@ def _axis_reach(probe: nn.Module, in_channels: int, shape: Coord, axis: int, pha
         for phase in range(phases):
             voxel = [out_shape[a] // 2 for a in range(3)]
             voxel[axis] = first + phase
-            (grad,) = torch.autograd.grad(y[(0, slice(None), *voxel)].sum(), x, retain_graph=phase < phases - 1)
-            support = grad[0].abs().sum(dim=(0, 1 + others[0], 1 + others[1])) > 0
-            hit = torch.nonzero(support).flatten()
-            if hit.numel() == 0:
-                raise ValueError("the output does not depend on the input (no gradient reached it)")
-            begin, last = int(hit[0]), int(hit[-1])
-            if begin == 0 or last == shape[axis] - 1:
-                return None
+            # Seeded with GRAD_SCALE: every factor on the way back is at most 1 in magnitude (positive weights
+            # that halve what passes, pooling, bounded activations), so the faintest dependence stays far
+            # from underflow.
+            (grad,) = torch.autograd.grad(y[(slice(None), slice(None), *voxel)].sum() * GRAD_SCALE, x,
+                                          retain_graph=phase < phases - 1)
+            grad = grad.abs()
+            if dtype != torch.float64 and bool(((grad > 0) & (grad < FAINT)).any()):
+                raise _Faint()
+            supports = grad.sum(dim=(1, 2 + others[0], 2 + others[1])) > 0
             centre = voxel[axis] + offset[axis]
-            reach = max(reach, centre - begin, last - centre)
+            for support in supports:
+                hit = torch.nonzero(support).flatten()
+                if hit.numel() == 0:
+                    if dtype != torch.float64:
+                        raise _Faint()  # or a gradient that underflowed on its way
+                    raise ValueError("the output does not depend on the input (no gradient reached it)")
+                begin, last = int(hit[0]), int(hit[-1])
+                if begin == 0 or last == shape[axis] - 1:
+                    return None
+                reach = max(reach, centre - begin, last - centre)
     return reach
+
+
+def _probe_input(k: int, in_channels: int, shape: Coord, axis: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """The ``k``-th positive input of a measurement along ``axis``: a ramp rising along it (k = 1) and one
+    falling (k = 2), where every max pooling a network keeps passes its gradient to the window's far and near
+    end, and uniform noise otherwise (k = 0, 3, ...)."""
+    if k in (1, 2):
+        ramp = torch.linspace(0.5, 1.5, shape[axis], dtype=dtype)
+        ramp = ramp if k == 1 else ramp.flip(0)
+        view = [1, 1, 1, 1, 1]
+        view[2 + axis] = shape[axis]
+        return ramp.view(view).expand(1, in_channels, *shape).contiguous()
+    generator = torch.Generator().manual_seed(seed + k)
+    return 0.5 + torch.rand((1, in_channels, *shape), generator=generator, dtype=dtype)
 
 
 def receptive_radius(
@@ -273,14 +335,15 @@ def _narrow_copy(module: nn.Module, in_channels: int) -> tuple[nn.Module, int] |
 
 
 @torch.no_grad()
-def _structural_copy(module: nn.Module, in_channels: int, seed: int) -> tuple[nn.Module, int]:
-    """A float64 copy with average pooling and positive parameters (see the module docstring), and its channels."""
+def _structural_copy(module: nn.Module, in_channels: int, seed: int,
+                     dtype: torch.dtype = torch.float64) -> tuple[nn.Module, int]:
+    """A ``dtype`` copy with average pooling and positive parameters (see the module docstring), and its channels."""
     narrow = _narrow_copy(module, in_channels)
     if narrow is not None:
         probe, in_channels = narrow
     else:
         probe = copy.deepcopy(module)
-    probe = probe.to(torch.float64).eval()
+    probe = probe.to(dtype).eval()
     for parent in probe.modules():
         for name, child in list(parent.named_children()):
             if isinstance(child, _BLOCK_NORMS) and not isinstance(parent, torch.jit.ScriptModule) and not (

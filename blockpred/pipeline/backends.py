@@ -31,6 +31,8 @@ equal to 1.2e-7 (``bench/RESULTS.md``).  A network is converted once:
   its wrapper and channels, and the versions of torch and OpenVINO), and
   OpenVINO keeps its compiled blobs beside it (``CACHE_DIR``): a second run
   reads and compiles it in a fraction of a second and converts nothing.
+* **Without OpenVINO's telemetry**: its converter otherwise sends usage events to Google Analytics and writes a
+  client id and usage counts into ``~/intel``, unless the user opted out (:func:`_no_telemetry`).
 
 The predictor asks :func:`make_backend` for the callable its network thread
 runs; what the callable gets and gives is what the torch module gets and
@@ -39,10 +41,13 @@ gives (a float32 ``(B, C, Z, Y, X)`` tensor on the CPU).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -85,10 +90,19 @@ def resolve_device(name: str) -> torch.device:
 
 
 def openvino_available() -> bool:
+    """Whether OpenVINO imports.  Imported here first, it is imported without ``openvino_telemetry``, as where
+    that is not installed: its import and converter otherwise send usage events to Google Analytics and write a
+    client id and usage counts into ``~/intel`` unless the user opted out (see also :func:`_no_telemetry`)."""
+    blocked = "openvino" not in sys.modules and "openvino_telemetry" not in sys.modules
+    if blocked:
+        sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # its import raises ImportError
     try:
         import openvino  # noqa: F401
     except ImportError:
         return False
+    finally:
+        if blocked:
+            del sys.modules["openvino_telemetry"]
     return True
 
 
@@ -172,18 +186,18 @@ class OpenVINONetwork(ConvertedNetwork):
 
         import openvino as ov
 
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _no_telemetry():
             warnings.simplefilter("ignore")  # the tracer's notes on shape checks it records as constants
             return ov.convert_model(_unchecked_trace(traceable(self._module, example), example), example_input=example,
                                     input=[ov.PartialShape([-1, int(example.shape[1])] + [-1] * (example.dim() - 2))])
 
     def _ready(self, model, check_shape: tuple | None) -> None:
         compiled = _compile(model, self._precision)
-        if check_shape is not None:  # at f32 whatever it runs (the run compares bf16 with fp32 on its first block)
-            exact = compiled if self._precision != "bf16" else _compile(model, "fp32")
-            request = exact.create_infer_request()
-            self.check(lambda batch: next(iter(request.infer({0: batch}).values())), check_shape)
         self._request = compiled.create_infer_request()
+        if check_shape is not None:  # at f32 whatever it runs (the run compares bf16 with fp32 on its first block)
+            # fp32: on the request the run uses, which the check leaves warm at the block's shape
+            request = self._request if self._precision != "bf16" else _compile(model, "fp32").create_infer_request()
+            self.check(lambda batch: next(iter(request.infer({0: batch}).values())), check_shape)
         self.inference_precision = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
 
     def _save(self, model, in_channels: int) -> None:
@@ -199,6 +213,32 @@ class OpenVINONetwork(ConvertedNetwork):
             tmp.replace(path)
         except OSError as err:  # a read-only home must not stop a run
             logger.warning("could not cache the OpenVINO model in %s: %s", path.parent, err)
+
+
+_TELEMETRY_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_telemetry() -> Iterator[None]:
+    """OpenVINO's converter with its telemetry stub (the one it runs where ``openvino_telemetry`` is not
+    installed): no events sent, nothing written under ``~/intel``, where the caller's process imported OpenVINO
+    before blockpred did (:func:`openvino_available`).  Conversions take turns while it is swapped in; an OpenVINO
+    without these modules converts as it is."""
+    try:
+        from openvino.tools.ovc import convert_impl, telemetry_stub, telemetry_utils
+    except ImportError:  # pragma: no cover - another layout of OpenVINO's converter
+        yield
+        return
+    owners = [module for module in (convert_impl, telemetry_utils) if hasattr(module, "tm")]
+    with _TELEMETRY_LOCK:
+        saved = [module.tm for module in owners]
+        for module in owners:
+            module.tm = telemetry_stub
+        try:
+            yield
+        finally:
+            for module, tm in zip(owners, saved, strict=True):
+                module.tm = tm
 
 
 def _unchecked_trace(module: torch.nn.Module, example: torch.Tensor):

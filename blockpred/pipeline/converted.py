@@ -9,8 +9,9 @@ torch where it cannot be (:class:`ConvertedNetwork`; OpenVINO's in :mod:`.backen
 * **Converted** with torch's autocast off (a trace under autocast records its casts, and the check's
   reference is torch at fp32), a TorchScript module traced through a plain call and frozen first
   (:func:`traceable`: its branches on the input's rank become constants).
-* **Checked** on a seeded random batch of the first batch's shape: at most :data:`TOLERANCE` of torch's
-  output range at any voxel (:meth:`ConvertedNetwork.check`).
+* **Checked** on a seeded random batch of the first batch's shape (or on one torch already ran at that shape,
+  with its output: :attr:`ConvertedNetwork.reference`, the measured defaults' timed pass): at most
+  :data:`TOLERANCE` of torch's output range at any voxel (:meth:`ConvertedNetwork.check`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ __all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "traceable"]
 
 #: A converted network's fp32 output may differ from torch's by this share of torch's output range at any voxel.
 TOLERANCE = 1e-5
-#: A spatial axis of the conversion's example is shorter than the block's by a multiple of this
-#: (:meth:`ConvertedNetwork.example`).
-STRIDE = 64
+#: A spatial axis of the conversion's example is shorter than the block's by a multiple of one of these, the
+#: first the network takes (:meth:`ConvertedNetwork.example`).
+STRIDES = (32, 64)
 
 
 class BackendUnavailable(RuntimeError):
@@ -62,6 +63,9 @@ class ConvertedNetwork:
         #: Seconds the conversion (or the cache's read) and its check took, and whether the cache served it.
         self.seconds = 0.0
         self.cached = False
+        #: A batch and torch's fp32 output for it, which :meth:`check` takes at that shape instead of running
+        #: torch again (given by whoever timed torch on it); dropped once converted.
+        self.reference: tuple[np.ndarray, np.ndarray] | None = None
 
     def __call__(self, x: torch.Tensor, *extra) -> torch.Tensor:
         if extra:  # a second input (a package's per-plane statistics): not converted
@@ -125,7 +129,7 @@ class ConvertedNetwork:
         raise AssertionError("unreachable")
 
     def _fall_back(self, reason: str) -> None:
-        self.converted, self.reason = False, reason
+        self.converted, self.reason, self.reference = False, reason, None
         logger.warning("--backend %s: %s; running it with torch", self.backend, reason)
 
     def _convert(self, x: torch.Tensor) -> None:
@@ -141,15 +145,15 @@ class ConvertedNetwork:
             verb = "convert" if self.made == "converted" else "export"
             self._fall_back(f"the network does not {verb} ({type(err).__name__}: {text[0][:200] if text else ''})")
             return
-        self.converted = True
+        self.converted, self.reference = True, None
         self.seconds = time.perf_counter() - started
         logger.info("--backend %s: %s in %.2f s", self.backend,
                     "read from the cache" if self.cached else f"{self.made} and checked", self.seconds)
 
     def example(self, x: torch.Tensor) -> torch.Tensor:
-        """Zeros to convert at: ``x``'s shape with each spatial axis shorter by a multiple of :data:`STRIDE` (on
-        the grid of any network whose steps divide it: ``276`` -> ``84``), else halved, where torch takes it
-        (tried on zeros); else ``x``'s own.
+        """Zeros to convert at: ``x``'s shape with each spatial axis shorter by a multiple of one of
+        :data:`STRIDES` (on the grid of any network whose steps divide it: ``276`` -> ``52``, else ``84``), else
+        halved, where torch takes it (tried on zeros); else ``x``'s own.
 
         The conversion traces the network once and keeps every spatial axis dynamic, so a small example gives
         the same network in a fraction of the time (OpenVINO took 41 s at ``tiny``'s 84x276x276 block, issue
@@ -158,9 +162,9 @@ class ConvertedNetwork:
         (:meth:`_prepare`).
         """
         shape = tuple(int(n) for n in x.shape)
-        shorter = tuple(min(n, n % STRIDE + STRIDE) for n in shape[2:])
+        shorter = [tuple(min(n, n % stride + stride) for n in shape[2:]) for stride in STRIDES]
         halved = tuple(n // 2 if n % 2 == 0 and n >= 16 else n for n in shape[2:])
-        for spatial in dict.fromkeys((shorter, halved)):
+        for spatial in dict.fromkeys((*shorter, halved)):
             if spatial == shape[2:]:
                 continue
             try:
@@ -173,13 +177,17 @@ class ConvertedNetwork:
         return torch.zeros(shape)
 
     def check(self, run: Callable[[np.ndarray], np.ndarray], shape) -> None:
-        """``run``'s output against torch's on a seeded random batch of ``shape``: :class:`BackendUnavailable`
-        beyond :data:`TOLERANCE` of torch's output range."""
-        sample = torch.rand(tuple(shape), generator=torch.Generator().manual_seed(0))
-        with torch.inference_mode():
-            expected = self._module(sample)
-        expected = (expected[0] if isinstance(expected, (tuple, list)) else expected).float().numpy()
-        got = run(sample.numpy())
+        """``run``'s output against torch's on a seeded random batch of ``shape`` (or :attr:`reference`'s, of that
+        shape): :class:`BackendUnavailable` beyond :data:`TOLERANCE` of torch's output range."""
+        if self.reference is not None and tuple(self.reference[0].shape) == tuple(shape):
+            sample, expected = self.reference
+        else:
+            batch = torch.rand(tuple(shape), generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                expected = self._module(batch)
+            sample = batch.numpy()
+            expected = (expected[0] if isinstance(expected, (tuple, list)) else expected).float().numpy()
+        got = run(sample)
         if got.shape != expected.shape:
             raise BackendUnavailable(f"its {self.runtime} output has shape {got.shape}, torch's {expected.shape}")
         diff = float(np.abs(got - expected).max()) / (float(np.ptp(expected)) or 1.0)

@@ -243,12 +243,15 @@ class Predictor:
             self._build(self.precision)
 
     @property
+    def converted(self):
+        """The network another backend runs (a :class:`~.converted.ConvertedNetwork`); None on torch."""
+        return self._forward if self.backend != "torch" else None
+
+    @property
     def backend_note(self) -> str:
         """What ran the network: ``torch``, ``openvino`` or ``torch (openvino: <why not>)``."""
-        converted = getattr(self._forward, "converted", None)
-        if self.backend == "torch" or converted is None:
-            return self.backend
-        return self.backend if converted else f"torch ({self.backend}: {self._forward.reason})"
+        converted = getattr(self.converted, "converted", None)
+        return self.backend if converted in (None, True) else f"torch ({self.backend}: {self._forward.reason})"
 
     def use_memory_format(self, memory_format: str) -> None:
         """Switch the weights and the activations to ``memory_format`` (not with ``compile``: it would recompile)."""

@@ -177,7 +177,11 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         halo_choice = cut_to_volume(choose_halo(named=cfg.halo, model_halo=model.default_halo, field=field,
                                                 downsampling=downsampling, plane_axis=plane_axis,
                                                 valid=model.padding == "valid"), source.spatial_shape, downsampling)
-    probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken())
+    # On the CPU, where the grid and field were just measured, the network has run in this process: its dry run
+    # is warm enough to stand for the measured defaults' timed pass (see _measured_defaults), so it keeps its data.
+    probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken(),
+                              count=index_limited(cfg, predictor),
+                              keep_sample=field is not None and not field.cached and not on_cuda(cfg, predictor))
     auto_block = cfg.block == "auto"
     keeps_block = cfg.block in ("auto", None) and resume_block is not None  # a resume keeps its block
     start_block = resume_block if keeps_block else (None if auto_block else cfg.block)
@@ -255,7 +259,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                              first_input=_valid_input_hint(model, block + halo * 2, field))
     if on_cuda(cfg, predictor):
         _warn_over_index_limit(geometry, int(batch_size or 1))
-    output = layout_for(block)
+    geometry, output = replace(geometry, sample=None), layout_for(block)
     plan = plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, context=geometry.context,
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
                        chunk_shape=output.write_unit)
@@ -312,14 +316,15 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     spent = lambda: time.perf_counter() - started  # noqa: E731
     predictor_start_backend = predictor.backend
 
-    def choose(budget: float, pass_s: float | None = None, backend_budget: float = 0.0,
-               cold_s: float = 0.0) -> tuple[FormatChoice | None, SizeChoice | None]:
+    def choose(budget: float, pass_s: float | None = None, backend_budget: float = 0.0, cold_s: float = 0.0,
+               reference=None) -> tuple[FormatChoice | None, SizeChoice | None]:
         """What is cached, and within ``budget`` seconds (from ``started``) what is not.
 
         ``pass_s``: a warm pass of the start block in the predictor's layout (contiguous unless named), timed
         on random data: the layout comparison and the first size trial take it instead of running it again.
         ``backend_budget``: the seconds OpenVINO's trial may take, first (:data:`BACKEND_BUDGET_FRACTION`);
-        the layouts' and sizes' trials take what ``budget`` leaves after it.
+        the layouts' and sizes' trials take what ``budget`` leaves after it.  ``reference``: that pass's batch
+        and output where torch ran it in fp32 (a conversion's check takes it: see :func:`choose_format`).
         """
         chosen_format = chosen_sizes = None
         known_format = {predictor.memory_format: pass_s} if pass_s is not None and here else None
@@ -343,7 +348,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
                      if name not in skip and name not in (known_format or {})]
             chosen_format = choose_format(cfg, model, predictor, shape, quick=True, layouts=layouts, backends=backends,
                                            cached_only=pass_s is None or not timed, known=known_format,
-                                           skip=tuple(skip))
+                                           skip=tuple(skip), reference=reference)
         if want_block or want_batch:
             known: tuple[Trial, ...] = ()
             seconds = chosen_format.seconds.get(chosen_format.name) if chosen_format is not None else pass_s
@@ -367,15 +372,18 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     complete = (format_choice is not None or not (want_format or want_backend)) and (
         sizing.complete if sizing is not None else not (want_block or want_batch))  # else a cut-short search goes on
     estimated, out_of_memory = blocks * dry_run_s, False
+    exact = (predictor.backend, predictor.precision, predictor.memory_format) == ("torch", "fp32", "contiguous")
+    sample = geometry.sample if warm and geometry.sample is not None and geometry.sample[0].shape == shape else None
     if not complete and measure and measuring_budget(estimated) > 0:
-        # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one.
-        batch = np.random.default_rng(0).random(shape, dtype=np.float32)  # kernels may run faster on zeros
+        # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one, unless
+        # the network ran in this process before it (the dry run then kept its data: see plan_layout).
+        batch = sample[0] if sample is not None else np.random.default_rng(0).random(shape, dtype=np.float32)
         cuda = predictor.device.type == "cuda"
         try:
             if cuda and not warm:
                 predictor(batch)  # cuDNN's first pass at this precision: not the run's
-            started = time.perf_counter()
-            predictor(batch)
+            started = time.perf_counter() - (dry_run_s if sample is not None else 0.0)
+            output = sample[1] if sample is not None else predictor(batch)
         except Exception as err:  # noqa: BLE001 - out of memory ends the measuring; anything else is the network's
             if not is_out_of_memory(err):
                 raise
@@ -386,7 +394,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
             estimated = blocks * pass_s
             cold_s = max(0.0, dry_run_s - pass_s) if cuda else 0.0  # a CPU's quick trial is one cold pass already
             format_choice, sizing = choose(measuring_budget(estimated), pass_s, BACKEND_BUDGET_FRACTION * estimated,
-                                           cold_s)
+                                           cold_s, (batch, output.copy()) if exact and not cuda else None)
     measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
     found = format_choice is not None or sizing is not None
     if measured:

@@ -17,12 +17,14 @@ from ..tuning.memformat import FormatChoice, choose_memory_format
 
 logger = logging.getLogger(__name__)
 
-#: Seconds foreseen for OpenVINO's conversion (or its read from the cache) beyond its passes: ``tiny`` converted
-#: in 0.3 s beyond its trace's pass on 2 cores, and read from the cache in 0.03-0.06 s.
-OPENVINO_TRIAL_S = 0.5
+#: Seconds foreseen for OpenVINO's conversion (or its read from the cache) beyond its passes: ``tiny`` and a
+#: 12-feature U-Net converted and compiled in 0.2-0.3 s on 2 cores (without OpenVINO's telemetry), and read from
+#: the cache in 0.03-0.06 s.
+OPENVINO_TRIAL_S = 0.3
 #: Passes of the start block foreseen in OpenVINO's trial: the trace at a smaller example, torch's pass of the
-#: check, and OpenVINO's three (the check's, a warm-up, the timed one), each shorter than torch's contiguous one.
-OPENVINO_TRIAL_PASSES = 4
+#: check (none where the known pass's output is given), and OpenVINO's two (the check's, then the timed one, warm
+#: after it), each shorter than torch's contiguous one.
+OPENVINO_TRIAL_PASSES = 2
 #: Share of the run's estimate (at torch's contiguous start block) that OpenVINO's trial may cost.  Where it wins
 #: (its conversion and check are then the price of running it at all) by 2x or more, as it did for ``tiny``
 #: (2.2-4.7x) and a 12-feature U-Net (2.3x) at their start blocks here (bench/RESULTS.md), a first run that gave
@@ -52,16 +54,19 @@ def wants_backend(cfg: RunConfig, model, predictor: Predictor) -> bool:
 def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tuple[int, ...],
                    repeats: int = FORMAT_REPEATS, cached_only: bool = False,
                    known: dict | None = None, quick: bool = False, layouts: tuple[str, ...] = MEMORY_FORMATS,
-                   backends: tuple[str, ...] = ("torch",), skip: tuple[str, ...] = ()) -> FormatChoice | None:
+                   backends: tuple[str, ...] = ("torch",), skip: tuple[str, ...] = (),
+                   reference=None) -> FormatChoice | None:
     """The faster memory format (and, with ``openvino`` among ``backends``, backend), measured on this process's
     device, or with ``--scheduler`` on a worker's (torch's layouts only).
 
-    None when ``cached_only`` finds nothing cached.  ``quick``, ``skip``: see :func:`choose_memory_format`.
+    None when ``cached_only`` finds nothing cached.  ``quick``, ``skip``, ``reference``: see
+    :func:`choose_memory_format`.
     """
     key = model_key_of(cfg, model)
     if cfg.scheduler is None:
         choice = choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only,
-                                      known=known, quick=quick, layouts=layouts, backends=backends, skip=skip)
+                                      known=known, quick=quick, layouts=layouts, backends=backends, skip=skip,
+                                      reference=reference)
     else:
         from ..cluster.scheduler import run_on_a_worker
 

@@ -19,7 +19,9 @@ GPU's free memory on CUDA:
   :func:`blockpred.pipeline.hostmem.release_freed_memory`) plus its pass's
   growth, scaled by the voxels of the batch's input from the largest pass
   measured so far (or, before the first trial above the start block, from one
-  pass at the start block measured for it), plus the pipeline's queue: the
+  pass at the start block measured for it, unless the trial fits even with the
+  process's whole peak so far as that pass's growth and output:
+  :meth:`HostMeter.fits_at_most`), plus the pipeline's queue: the
   run's blocks read ahead and outputs waiting for the writers (the bound of
   :mod:`blockpred.pipeline.worker`, in bytes of the input's dtype and of the
   output measured).  A trial foreseen over the budget is not run; one measured
@@ -124,11 +126,13 @@ class HostMeter:
     def work(self, block: Coord, batch: int) -> int:
         return self.problem.input_shape(block).prod() * batch
 
-    def queued_bytes(self, block: Coord, batch: int) -> int:
-        """The pipeline's queue for a run at ``block`` x ``batch`` (see :meth:`HostBudget.queued_bytes`)."""
+    def queued_bytes(self, block: Coord, batch: int, output_bytes_per_voxel: float | None = None) -> int:
+        """The pipeline's queue for a run at ``block`` x ``batch`` (see :meth:`HostBudget.queued_bytes`), at the
+        output bytes per voxel measured (or those given)."""
         problem = self.problem
         input_bytes = problem.input_shape(block).prod() * problem.in_channels * np.dtype(problem.raw_dtype).itemsize
-        return self.budget.queued_bytes(input_bytes, block.prod() * self._output_bytes_per_voxel, batch)
+        per_voxel = self._output_bytes_per_voxel if output_bytes_per_voxel is None else output_bytes_per_voxel
+        return self.budget.queued_bytes(input_bytes, block.prod() * per_voxel, batch)
 
     def foresee(self, block: Coord, batch: int) -> int | None:
         """The process's peak foreseen for a trial (and the run) at ``block`` x ``batch``; None before a measurement.
@@ -144,11 +148,13 @@ class HostMeter:
         """An ``over budget`` trial where ``block`` x ``batch`` is foreseen over the budget, else None (run it).
 
         A trial above the start block with nothing measured yet first measures ``probe``, one pass at the start
-        block (``problem.base_block``, batch 1), which returns its output's bytes.
+        block (``problem.base_block``, batch 1), which returns its output's bytes, unless the trial fits even where
+        that pass had grown the process by its whole peak so far (:meth:`fits_at_most`).
         """
         if self.limit_bytes is None or self.named(block, batch):
             return None
-        if self._measured is None and self.work(block, batch) > self.work(self.problem.base_block, 1):
+        if self._measured is None and self.work(block, batch) > self.work(self.problem.base_block, 1) and (
+                not self.fits_at_most(block, batch)):
             with self.measuring(self.problem.base_block, 1) as probed:
                 probed.output_bytes = probe()
         foreseen = self.foresee(block, batch)
@@ -157,6 +163,18 @@ class HostMeter:
                         batch, gib(foreseen), self.what)
             return Trial(block, batch, OVER_BUDGET, peak_bytes=foreseen)
         return None
+
+    def fits_at_most(self, block: Coord, batch: int) -> bool:
+        """Whether ``block`` x ``batch`` fits the budget where a pass at the start block (which the process ran
+        before the search: its dry run, the measured defaults' passes) grew it by as much as its peak resident
+        memory so far, and wrote an output as large: a bound no pass exceeds, which spares measuring one."""
+        peak, held = peak_resident_bytes(), resident_bytes()
+        if peak is None or held is None or self.limit_bytes is None:
+            return False
+        base = self.problem.base_block
+        ratio = self.work(block, batch) / self.work(base, 1)
+        queued = self.queued_bytes(block, batch, output_bytes_per_voxel=peak / base.prod())
+        return held + peak * ratio + queued <= self.limit_bytes
 
     @contextlib.contextmanager
     def measuring(self, block: Coord, batch: int) -> Iterator[Measured]:

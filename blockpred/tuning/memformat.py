@@ -77,7 +77,8 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
                          cache: JsonFile | None = None, repeats: int = REPEATS, cached_only: bool = False,
                          known: Mapping[str, float] | None = None, quick: bool = False,
                          layouts: tuple[str, ...] = MEMORY_FORMATS,
-                         backends: tuple[str, ...] = ("torch",), skip: tuple[str, ...] = ()) -> FormatChoice | None:
+                         backends: tuple[str, ...] = ("torch",), skip: tuple[str, ...] = (),
+                         reference: tuple[np.ndarray, np.ndarray] | None = None) -> FormatChoice | None:
     """The faster layout (and backend) for batches of ``batch_shape`` (B, C, Z, Y, X); ``predictor`` is left in it.
 
     ``repeats``: timed passes per layout after a warm-up.  ``quick`` (the measured defaults): the passes
@@ -88,6 +89,8 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
     ``skip``: candidates the run's budget leaves untimed: they lose, and the choice is cached under the full
     set of candidates all the same (a later run reads it rather than measuring again), except where OpenVINO is
     among them: a short first run (a crop tried before the real volume) must not keep a longer run from timing it.
+    ``reference``: a batch and torch's fp32 output for it (the known pass's): the batch every candidate is timed
+    on, and what a conversion is checked against.
     """
     names = ([*layouts] if "torch" in backends else []) + (["openvino"] if "openvino" in backends else [])
     cache = cache if cache is not None else JsonFile(default_cache_dir() / "formats.json")
@@ -105,7 +108,7 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
         known = dict(known or {})
         warmups, repeats = (quick_trial_passes(predictor.device.type) - 1, 1) if quick else (1, repeats)
         seconds = {name: known[name] if name in known else math.inf if name in skip
-                   else _seconds_per_pass(predictor, name, batch_shape, warmups, repeats)
+                   else _seconds_per_pass(predictor, name, batch_shape, warmups, repeats, reference)
                    for name in names}
         base = "contiguous" if "contiguous" in seconds else names[0]
         fastest = min(seconds, key=seconds.get)
@@ -126,20 +129,32 @@ def choose_memory_format(predictor: Predictor, batch_shape: tuple[int, ...], mod
 
 
 def _seconds_per_pass(predictor: Predictor, name: str, batch_shape: tuple[int, ...], warmups: int,
-                      repeats: int) -> float:
+                      repeats: int, reference: tuple[np.ndarray, np.ndarray] | None = None) -> float:
     """Seconds per pass of candidate ``name``; infinite when the batch does not fit the device in it, or
-    (OpenVINO) the network does not convert."""
+    (OpenVINO) the network does not convert.  ``reference``: a batch of ``batch_shape`` and torch's fp32 output
+    for it, which the conversion's check takes instead of running torch again."""
     backend, memory_format = CANDIDATES[name]
     predictor.use_backend(backend)
     predictor.use_memory_format(memory_format)
-    if backend == "openvino":
-        warmups = max(1, warmups)  # the first pass converts (or reads the conversion) and checks: not timed
-    batch = np.random.default_rng(0).random(batch_shape, dtype=np.float32)  # kernels may run faster on zeros
+    converted = predictor.converted
+    if reference is not None and tuple(reference[0].shape) == tuple(batch_shape):
+        batch = reference[0]
+        if converted is not None:
+            converted.reference = reference
+    else:
+        batch = np.random.default_rng(0).random(batch_shape, dtype=np.float32)  # kernels may run faster on zeros
     try:
+        if converted is not None:  # the first pass converts (or reads the conversion) and checks
+            start = time.perf_counter()
+            predictor(batch)
+            if predictor.backend_note != predictor.backend:  # OpenVINO fell back to torch: not a candidate
+                return math.inf
+            if not converted.cached and warmups == 0 and repeats == 1:
+                # Converted and checked at this very shape, by a pass of its own: this pass ran warm.
+                return time.perf_counter() - start - converted.seconds
+            warmups = max(0, warmups - 1)
         for _ in range(warmups):  # kernels chosen, memory allocated
             predictor(batch)
-        if predictor.backend_note != predictor.backend:  # OpenVINO fell back to torch: not a candidate
-            return math.inf
         start = time.perf_counter()
         for _ in range(repeats):
             predictor(batch)

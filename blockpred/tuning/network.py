@@ -9,7 +9,9 @@ then checks the input shape that yields exactly ``block + 2 x halo``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..errors import InvalidOptionError, ModelLoadError, first_line, is_out_of_memory
 from ..geometry import Coord
@@ -28,14 +30,24 @@ class NetworkGeometry:
     context: Coord  # voxels a valid network consumes on each side (0 for 'same')
     #: The largest tensor of the first dry run per input voxel (see :mod:`.tensors`); None where not counted.
     largest_per_voxel: float | None = None
+    #: The dry run's seeded random batch and the network's output for it, where :func:`probe_network` was asked
+    #: to keep them (a warm process's dry run that stands for a timed pass); dropped once used.
+    sample: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
 
 def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | None = None,
-             counter: LargestTensor | None = None) -> tuple[int, Coord]:
+             counter: LargestTensor | None = None,
+             keep: bool = False) -> tuple[int, Coord, tuple[np.ndarray, np.ndarray] | None]:
     logger.info("dry run of the network on an input of %s", "x".join(map(str, shape)))
     predictor.watch = counter
+    sample = None
     try:
-        out = predictor.output_shape((1, in_channels) + tuple(shape))
+        if keep:  # seeded random data, as a timed pass runs (kernels may run faster on zeros)
+            batch = np.random.default_rng(0).random((1, in_channels) + tuple(shape), dtype=np.float32)
+            sample = (batch, predictor(batch).copy())  # a copy: the predictor reuses its output arrays
+            out = sample[1].shape
+        else:
+            out = predictor.output_shape((1, in_channels) + tuple(shape))
     except Exception as err:
         line = first_line(err)
         if is_out_of_memory(err):
@@ -58,7 +70,7 @@ def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | 
         raise ModelLoadError(
             f"the network returned shape {out} for a 5D input; blockpred needs (batch, channels, z, y, x)"
         )
-    return out[1], Coord(out[2:])
+    return out[1], Coord(out[2:]), sample
 
 
 def probe_network(
@@ -70,6 +82,8 @@ def probe_network(
     downsampling: Coord,
     first_input: Coord | None = None,
     sizes: str | None = None,
+    count: bool = True,
+    keep_sample: bool = False,
 ) -> NetworkGeometry:
     """The geometry of the network on this block and halo (see the module docstring).
 
@@ -77,20 +91,24 @@ def probe_network(
     halo`` rounded up to the downsampling, which a 'same' network accepts.  A
     valid network that can say which input shapes it takes passes one here.
     ``sizes``: the input sizes the network was found to take (:meth:`~blockpred.models.discover.Grid.sizes_taken`),
-    named in the one line a refused input gets.
+    named in the one line a refused input gets.  ``count``: whether the first dry run counts the largest tensor
+    (:attr:`NetworkGeometry.largest_per_voxel`, for CUDA's index limit); the count makes a first pass slower.
+    ``keep_sample``: the first dry run runs on seeded random data and keeps it with its output
+    (:attr:`NetworkGeometry.sample`; a 'same' network's only).
     """
     if first_input is None:
         first_input = (block + halo * 2).ceil_div(downsampling) * downsampling
     # torch's own path, uncompiled, is counted (another backend's or a compiled graph's tensors are not torch's)
     counter = (LargestTensor(weight_shapes(predictor.module))
-               if predictor.backend == "torch" and predictor.compile == "off" else None)
+               if count and predictor.backend == "torch" and predictor.compile == "off" else None)
     try:
-        out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes, counter)
+        out_channels, first_output, sample = _dry_run(predictor, in_channels, first_input, sizes, counter,
+                                                      keep_sample)
     except (ModelLoadError, InvalidOptionError):
         if counter is None:
             raise
         counter = None  # the count itself may be what failed: the network is tried as it runs, uncounted
-        out_channels, first_output = _dry_run(predictor, in_channels, first_input, sizes)
+        out_channels, first_output, sample = _dry_run(predictor, in_channels, first_input, sizes, keep=keep_sample)
     per_voxel = counter.elements / first_input.prod() if counter is not None and counter.elements else None
     if per_voxel is not None:
         logger.info("largest tensor of the dry run: %d elements, %.1f per input voxel", counter.elements, per_voxel)
@@ -102,11 +120,11 @@ def probe_network(
         )
     context = shrink // 2
     if context == Coord((0, 0, 0)):
-        return NetworkGeometry(in_channels, out_channels, first_input, first_output, context, per_voxel)
+        return NetworkGeometry(in_channels, out_channels, first_input, first_output, context, per_voxel, sample)
     valid_input = block + (halo + context) * 2
     wanted = block + halo * 2
     try:
-        _, valid_output = _dry_run(predictor, in_channels, valid_input)
+        _, valid_output, _ = _dry_run(predictor, in_channels, valid_input)
     except ModelLoadError as err:
         raise InvalidOptionError(
             f"block {tuple(block)} with halo {tuple(halo)} needs a network input of {tuple(valid_input)}, "

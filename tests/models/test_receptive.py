@@ -1,4 +1,6 @@
-"""receptive_radius: exact on small stacks, tight enough to choose exact halos."""
+"""receptive_radius: exact on small stacks, tight enough to choose exact halos; field_radius in float32."""
+
+import logging
 
 import pytest
 import torch
@@ -6,7 +8,8 @@ from torch import nn
 
 from blockpred.geometry import Box, Coord
 from blockpred.models.presets import PRESETS
-from blockpred.models.receptive import receptive_radius
+from blockpred.models.discover import find_grid
+from blockpred.models.receptive import field_radius, receptive_radius
 from blockpred.models.unet import UNet3d
 
 
@@ -104,3 +107,25 @@ def test_a_halo_of_the_measured_radius_makes_blocks_match_the_whole_volume_and_a
     inner = (slice(None), slice(None), slice(10, 22), slice(10, 22), slice(10, 22))
     torch.testing.assert_close(blocks[inner], whole[inner], rtol=0, atol=1e-6)
     assert (short[inner] - whole[inner]).abs().max() > 1e-6
+
+
+# ------------------------------------------------------------------ field_radius: float32, faint fields, TorchScript
+
+
+def test_a_scripted_unets_max_pooling_is_measured_to_the_whole_field_of_the_module_it_was_scripted_from():
+    # A scripted network keeps its max pooling (its gradient reaches one voxel per window): the ramps along the
+    # axis reach both ends of every window, so the field equals the one measured with average pooling.
+    net = UNet3d(in_channels=1, out_channels=2, depth=3, initial_features=2).eval()
+    scripted = torch.jit.script(net)
+    grid = find_grid(net, 1)
+    assert field_radius(scripted, 1, grid) == field_radius(net, 1, grid) == Coord((51, 51, 51))
+
+
+def test_a_dependence_too_faint_for_float32_is_measured_in_float64(caplog):
+    # 300 pointwise layers after a 3x3x3 one: each halves what passes, so the gradient falls below float32's
+    # range even from the scaled start; float32 alone would see no dependence at all.
+    net = nn.Sequential(nn.Conv3d(1, 1, 3, padding=1), *[nn.Conv3d(1, 1, 1) for _ in range(300)]).eval()
+    with caplog.at_level(logging.DEBUG, logger="blockpred.models.receptive"):
+        radius = field_radius(net, 1, find_grid(net, 1))
+    assert radius == Coord((1, 1, 1))
+    assert "measured in float64" in caplog.text

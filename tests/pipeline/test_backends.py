@@ -15,7 +15,7 @@ from blockpred.pipeline import Predictor
 from blockpred.pipeline.backends import openvino_available
 from blockpred.tuning.memformat import choose_memory_format
 from tests import realnets
-from tests.helpers import build_2d_package, read_volume, write_test_volume
+from tests.helpers import build_2d_package, child_env, read_volume, run_blockpred, write_test_volume
 
 pytestmark = pytest.mark.skipif(not openvino_available(), reason="OpenVINO is not installed")
 
@@ -192,3 +192,47 @@ def test_a_conversion_that_fails_its_check_is_never_cached_and_a_size_bound_trac
     assert valid.converted is True
     np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=TOLERANCE * float(np.ptp(expected.numpy())))
     assert len(list(cache.glob("*.xml"))) == 1
+
+
+class _ShapesSeen(torch.nn.Module):
+    """``tiny``, noting the spatial shape of every input it runs."""
+
+    def __init__(self):
+        super().__init__()
+        from blockpred.models import build_preset
+
+        self.net, self.seen = build_preset("tiny").eval(), []
+
+    def forward(self, x):
+        self.seen.append(tuple(x.shape[2:]))
+        return self.net(x)
+
+
+def test_the_check_takes_torchs_output_where_it_is_given_and_fails_where_it_is_not_torchs():
+    from blockpred.pipeline.backends import OpenVINONetwork
+
+    net, batch = _ShapesSeen(), np.random.default_rng(1).random((1, 1, 24, 24, 24), dtype=np.float32)
+    with torch.inference_mode():
+        expected = net.net(torch.from_numpy(batch)).numpy()
+    given = OpenVINONetwork(net, precision="fp32", key=None)
+    given.reference = (batch, expected)
+    given(torch.from_numpy(batch))
+    assert given.converted is True and (24, 24, 24) not in net.seen  # traced at a smaller example; checked by it
+    wrong = OpenVINONetwork(net, precision="fp32", key=None)
+    wrong.reference = (batch, expected + 0.5)
+    wrong(torch.from_numpy(batch))
+    assert wrong.converted is False and "differs from torch" in wrong.reason
+
+
+def test_a_conversion_sends_no_telemetry_and_writes_nothing_into_home(tmp_path, volume):
+    # OpenVINO's import and converter otherwise write a client id and usage counts into ~/intel and send them
+    # (except in CI, which the child's environment is not).
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in child_env().items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")}
+    env.update(HOME=str(home), BLOCKPRED_CACHE_DIR=str(tmp_path / "cache"))
+    result = run_blockpred("run", volume, tmp_path / "out.zarr", "--model", "tiny", "--backend", "openvino",
+                           "--block", "16,32,32", "--device", "cpu", "--no-progress", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "backend: openvino" in result.stdout + result.stderr
+    assert not (home / "intel").exists(), sorted(p.name for p in (home / "intel").iterdir())

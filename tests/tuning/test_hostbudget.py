@@ -124,3 +124,17 @@ def test_the_memory_of_a_trial_goes_back_before_the_run(tmp_path, predictor):
     grown = peak.bytes - before
     assert grown > 50 * 2**20, "the trial's pass grew the resident memory by too little to tell"
     assert resident_bytes() - before < grown / 2, "the trial's memory stayed resident"
+
+
+def test_the_start_blocks_pass_is_measured_only_where_a_larger_trial_might_not_fit():
+    calls = []
+
+    def probe() -> int:
+        calls.append(1)
+        return BASE.prod() * 8
+
+    roomy = HostMeter(HostBudget(limit_bytes=1 << 50), problem())
+    assert roomy.refuse(BASE * 2, 1, probe) is None and not calls  # fits with the whole peak so far as its growth
+    tight = HostMeter(HostBudget(limit_bytes=resident_bytes() + (1 << 20)), problem())
+    tight.refuse(BASE * 2, 1, probe)
+    assert calls == [1]
