@@ -94,7 +94,7 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
     cuda = predictor.device.type == "cuda"
     host = None if cuda else host
     repeats = 1 if quick else repeats
-    warmups = quick_trial_passes(predictor.device.type) - 1
+    warmups = quick_trial_passes(predictor.device.type, predictor.backend) - 1
     first_warmups, later_warmups = (warmups, warmups) if quick else (3, 1)
     if cuda and budget_bytes is None:
         predictor.release_memory()
@@ -445,7 +445,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     if due:
         run = trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True, host=host)
         trials, _ = recheck(problem, run, found, max_total_s=quick_s, known=tuple(known),
-                            trial_passes=quick_trial_passes(predictor.device.type))
+                            trial_passes=quick_trial_passes(predictor.device.type, predictor.backend))
         predictor.release_memory(host=True)
         # A check counts where its time ended first too: no run after it pays again for a check it cannot afford.
         cache.put(key, problem, trials, complete=True, checks=found.checks + 1)
@@ -456,7 +456,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True, host=host),
                         max_total_s=quick_s, coarse=True, known=known, untimed=untimed,
-                        trial_passes=quick_trial_passes(predictor.device.type), cold_s=cold_s)
+                        trial_passes=quick_trial_passes(predictor.device.type, predictor.backend), cold_s=cold_s)
     predictor.release_memory(host=True)  # the trials' larger blocks are not held through the run
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return choice

@@ -204,8 +204,9 @@ def foreseen_batch_saving_s(problem: SizeProblem, trials: list[Trial] | tuple[Tr
     return max(0.0, per_call) * calls_saved
 
 
-def quick_trial_passes(device_type: str) -> int:
-    """Passes a quick trial (:func:`blockpred.tuning.autosize.trial_runner` with ``quick``) runs on a device of this type.
+def quick_trial_passes(device_type: str, backend: str = "torch") -> int:
+    """Passes a quick trial (:func:`blockpred.tuning.autosize.trial_runner` with ``quick``) runs on a device of this
+    type, with this backend.
 
     A GPU: a warm-up pass (cuDNN chooses its kernels; the first pass of a shape
     is many times slower) and a timed one.  A CPU: one pass, timed cold.  A cold
@@ -217,8 +218,12 @@ def quick_trial_passes(device_type: str) -> int:
     measured defaults' budget for ``tiny`` on 4 Mvox (0.65 s) afforded no
     two-pass trial of 64x128x128 (2 x 0.31 s, after the start block's pass),
     which runs the volume 1.6x as fast as 64^3 in channels_last.
+
+    A converted backend (OpenVINO) on the CPU: a warm-up and a timed pass, as on a GPU.  Its first pass at a new
+    shape prepares its kernels for it: a 12-feature U-Net's 128x120x120 block took 2.5-3.1 s cold and 1.8 s warm
+    (2026-11-27), against a start block timed warm, and one cold pass kept every larger block out.
     """
-    return 2 if device_type == "cuda" else 1
+    return 2 if device_type == "cuda" or backend != "torch" else 1
 
 
 def probe_block(base_block: Coord, step: Coord) -> Coord:

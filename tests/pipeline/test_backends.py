@@ -236,3 +236,22 @@ def test_a_conversion_sends_no_telemetry_and_writes_nothing_into_home(tmp_path, 
     assert result.returncode == 0, result.stderr
     assert "backend: openvino" in result.stdout + result.stderr
     assert not (home / "intel").exists(), sorted(p.name for p in (home / "intel").iterdir())
+
+
+def test_a_quick_size_trial_on_openvino_times_a_pass_after_a_warm_up():
+    # OpenVINO's first pass at a new shape prepares its kernels for it (a 12-feature U-Net's 128x120x120 block:
+    # 2.5-3.1 s cold, 1.8 s warm): timed cold against a warm start block, every larger block would look slower.
+    from blockpred.geometry import Box, Coord
+    from blockpred.models import build_preset
+    from blockpred.tuning.autosize import SizeProblem, trial_runner
+
+    predictor = Predictor(build_preset("tiny"), torch.device("cpu"), backend="openvino")
+    predictor(np.random.default_rng(0).random((1, 1, 36, 36, 36), dtype=np.float32))  # converted and checked
+    shapes, infer = [], predictor.converted._infer
+    predictor.converted._infer = lambda x: shapes.append(x.shape[2:]) or infer(x)
+    problem = SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((10, 10, 10)),
+                          context=Coord((0, 0, 0)), input_extra=Coord((0, 0, 0)), step=Coord((2, 2, 2)),
+                          base_block=Coord((16, 16, 16)), roi=Box.from_shape(Coord((64, 64, 64))))
+    trial = trial_runner(predictor, problem, quick=True)(Coord((32, 32, 32)), 1)
+    assert trial.outcome == "ok"
+    assert shapes == [(52, 52, 52), (52, 52, 52)]  # a warm-up, then the timed pass
