@@ -383,7 +383,7 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
             if cuda and not warm:
                 predictor(batch)  # cuDNN's first pass at this precision: not the run's
             started = time.perf_counter() - (dry_run_s if sample is not None else 0.0)
-            output = sample[1] if sample is not None else predictor(batch)
+            output = sample[1] if sample is not None else predictor(batch).copy()  # the predictor reuses its arrays
         except Exception as err:  # noqa: BLE001 - out of memory ends the measuring; anything else is the network's
             if not is_out_of_memory(err):
                 raise
@@ -392,9 +392,9 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         else:
             pass_s = spent()
             estimated = blocks * pass_s
-            cold_s = max(0.0, dry_run_s - pass_s) if cuda else 0.0  # a CPU's quick trial is one cold pass already
+            cold_s = max(0.0, dry_run_s - pass_s) if cuda else 0.0  # a CPU's quick trials time no cold excess
             format_choice, sizing = choose(measuring_budget(estimated), pass_s, BACKEND_BUDGET_FRACTION * estimated,
-                                           cold_s, (batch, output.copy()) if exact and not cuda else None)
+                                           cold_s, (batch, output) if exact and not cuda else None)
     measured = (format_choice is not None and not format_choice.cached) or (sizing is not None and not sizing.cached)
     found = format_choice is not None or sizing is not None
     if measured:
