@@ -37,7 +37,7 @@ from ..tuning.autosize import (
     quick_trial_passes,
 )
 from ..tuning.defaults import Defaults, measuring_budget
-from ..tuning.hostbudget import HostBudget
+from ..tuning.hostbudget import HostBudget, keeping_outputs
 from ..tuning.memformat import FormatChoice
 from ..tuning.network import NetworkGeometry, probe_network
 from ..tuning.tensors import max_input_voxels, over_index_limit
@@ -430,9 +430,8 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
 
     ``quick_s`` / ``cached_only``: the measured defaults' search (see
     :func:`blockpred.tuning.autosize.choose_sizes`); None when ``cached_only`` finds nothing.
-
-    With ``--scheduler`` the trials run on one of the cluster's workers, whose
-    device the blocks will run on; otherwise on this process's device.
+    With ``--scheduler`` the trials run on one of the cluster's workers, whose device the blocks will run on;
+    otherwise on this process's device.  ``host_budget``'s queue takes the outputs as the run keeps them.
 
     ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
     """
@@ -448,6 +447,7 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         max_input_voxels=max_input_voxels(geometry.largest_per_voxel) if index_limited(cfg, predictor) else None,
     )
     key = model_key_of(cfg, model)
+    host_budget = keeping_outputs(host_budget, cfg, geometry.out_channels)
     if cfg.scheduler is None:
         choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
                               known=known, host_budget=host_budget, cold_s=cold_s)

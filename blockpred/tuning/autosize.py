@@ -63,11 +63,12 @@ from .sizing import (
     model_key,
     probe_block,
     quick_trial_passes,
+    untimed_growth,
 )
 
 __all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key",
            "foreseen_batch_saving_s", "foreseen_saving_s", "model_key", "pick", "probe_block",
-           "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner"]
+           "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner", "untimed_growth"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +169,8 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
            max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False,
-           known: tuple[Trial, ...] = (), untimed: bool = True, trial_passes: int = 2, cold_s: float = 0.0,
-           clock: Callable[[], float] = time.perf_counter) -> SizeChoice:
+           known: tuple[Trial, ...] = (), untimed: bool = True, growth: float = math.inf, trial_passes: int = 2,
+           cold_s: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
     No trial starts that would end after ``max_total_s`` (its time is
@@ -178,7 +179,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``; no larger block is
     tried whose trial would cost more than it is foreseen to save over the region
     (:func:`foreseen_saving_s`): the measured defaults' search pays off in the run that measures.
-    With ``untimed``, a larger one chosen untimed where it should pay (see :func:`pick`).
+    With ``untimed``, a larger one chosen untimed where it should pay, its input at most ``growth`` times the
+    largest timed (see :func:`pick`).
     ``known``: trials already run (the caller timed them, or an earlier search cut short by its
     time): taken as they are, not run again; a known pass foresees a trial of ``trial_passes``
     passes and ``cold_s`` more (on CUDA a new shape's first pass costs that much beyond a warm one).
@@ -275,7 +277,8 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
                     break  # does not fit, or a bigger batch no longer pays
                 best = score(trial)
                 batch_size *= 2
-    return replace(pick(problem, trials, extrapolate=coarse and untimed), complete=not (cut_short and ran))
+    return replace(pick(problem, trials, extrapolate=coarse and untimed, growth=growth),
+                   complete=not (cut_short and ran))
 
 
 def _blocks_to_batch(problem: SizeProblem, fitting: list[Trial], count: int, coarse: bool) -> list[Coord]:
@@ -300,7 +303,7 @@ ESTIMATE_MARGIN = 1.1
 
 
 def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: bool = False,
-         extrapolate: bool = False) -> SizeChoice:
+         extrapolate: bool = False, growth: float = math.inf) -> SizeChoice:
     """The fitting trial that would predict the region fastest.
 
     ``extrapolate`` (the measured defaults' quick search, whose time may end
@@ -311,22 +314,24 @@ def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: 
     computes less halo.  Scaling by voxels is the cautious estimate: a device
     is seldom slower per voxel on a larger block, so the estimate counts only
     the halo saved.  A short first run so gets a block that wastes less than
-    the start block without paying for the passes that would prove it.
+    the start block without paying for the passes that would prove it.  ``growth``: the most input voxels
+    of that pass, as a multiple of the largest timed pass's (:func:`untimed_growth`).
     """
     fitting = [t for t in trials if t.fits]
     winner = max(fitting, key=problem.roi_mvox_per_s)
     best = problem.roi_mvox_per_s(winner)
-    estimate = _next_untimed(problem, trials) if extrapolate and problem.fixed_block is None else None
+    estimate = _next_untimed(problem, trials, growth) if extrapolate and problem.fixed_block is None else None
     if estimate is not None and problem.roi_mvox_per_s(estimate) >= ESTIMATE_MARGIN * best:
         return SizeChoice(estimate.block, 1, problem.roi_mvox_per_s(estimate), tuple(trials), cached, estimated=True)
     return SizeChoice(winner.block, winner.batch_size, best, tuple(trials), cached)
 
 
-def _next_untimed(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...]) -> Trial | None:
+def _next_untimed(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...],
+                  growth: float = math.inf) -> Trial | None:
     """The next coarse candidate above the largest block timed at batch 1, its pass scaled by input voxels.
 
     None when a trial was refused for memory, the largest block is not the fastest, or the next
-    candidate is missing or was tried.
+    candidate is missing, was tried, or reads more than ``growth`` times the largest timed block's input.
     """
     if any(not t.fits for t in trials) or problem.fixed_batch not in (None, 1):
         return None
@@ -337,7 +342,10 @@ def _next_untimed(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...])
     if not larger or any(t.block == larger[0] for t in trials):
         return None
     block = larger[0]
-    seconds = largest.seconds_per_pass * problem.input_shape(block).prod() / problem.input_shape(largest.block).prod()
+    ratio = problem.input_shape(block).prod() / problem.input_shape(largest.block).prod()
+    if ratio > growth:
+        return None
+    seconds = largest.seconds_per_pass * ratio
     return Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds)
 
 
@@ -432,14 +440,22 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     host = HostMeter(host_budget, problem) if host_budget is not None and predictor.device.type == "cpu" else None
     found = cache.get_entry(key, problem)
     found = host.review(found) if host is not None else found
-    # A block chosen untimed pays off on a GPU.  On a CPU its first passes fault in memory the timed blocks
-    # already hold (tiny at 4 Mvox: 64x128x128 untimed ran its device steps in 1.84 s, 64^3 timed in 1.31 s).
-    untimed = predictor.device.type != "cpu"
-    extrapolate = quick_s is not None and untimed
+    # How far a block may be chosen untimed (a GPU; a CPU with OpenVINO: see untimed_growth), where the host
+    # memory budget is foreseen to hold it.
+    growth = untimed_growth(predictor.device.type, predictor.backend)
+    extrapolate = quick_s is not None and growth > 0
+
+    def held(choice: SizeChoice) -> SizeChoice:
+        if choice.estimated and host is not None and not host.holds(choice.block, choice.batch_size):
+            logger.info("block %s not taken untimed: not foreseen within %s", "x".join(map(str, choice.block)),
+                        host.what or "the memory budget")
+            return replace(pick(problem, choice.trials, cached=choice.cached), complete=choice.complete)
+        return choice
+
     due = quick_s is not None and found is not None and recheck_due(problem, found)
     if found is not None and (cached_only or (found.complete and not due)):
-        return replace(pick(problem, found.trials, cached=True, extrapolate=extrapolate),
-                       complete=found.complete and not due)
+        return held(replace(pick(problem, found.trials, cached=True, extrapolate=extrapolate, growth=growth),
+                            complete=found.complete and not due))
     if cached_only:
         return None
     if due:
@@ -449,17 +465,17 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
         predictor.release_memory(host=True)
         # A check counts where its time ended first too: no run after it pays again for a check it cannot afford.
         cache.put(key, problem, trials, complete=True, checks=found.checks + 1)
-        return pick(problem, trials, extrapolate=extrapolate)
+        return held(pick(problem, trials, extrapolate=extrapolate, growth=growth))
     known = (tuple(found.trials) if found is not None else ()) + tuple(known)  # a search cut short goes on
     if quick_s is None:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, host=host), known=known)
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True, host=host),
-                        max_total_s=quick_s, coarse=True, known=known, untimed=untimed,
+                        max_total_s=quick_s, coarse=True, known=known, untimed=extrapolate, growth=growth,
                         trial_passes=quick_trial_passes(predictor.device.type, predictor.backend), cold_s=cold_s)
     predictor.release_memory(host=True)  # the trials' larger blocks are not held through the run
     cache.put(key, problem, choice.trials, complete=choice.complete)
-    return choice
+    return held(choice)
 
 
 def _finish(pending) -> int:

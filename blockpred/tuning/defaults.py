@@ -12,10 +12,13 @@ at all (the start block, batch 1, contiguous: there is little to gain), and
 a longer one may spend :data:`BUDGET_FRACTION` of its estimate, at most
 :data:`BASE_BUDGET_S` (a tenth of a longer run, up to :data:`MAX_BUDGET_S`):
 a first run, which is often a user's only run, never pays more than a
-quarter of its time for the runs after it, which pay nothing.  On a GPU,
-where the budget ends before a larger block is timed, the next larger one is
+quarter of its time for the runs after it, which pay nothing.  On a GPU, and
+on the CPU with OpenVINO, where the budget ends before a larger block is
+timed (or its trial would cost more than it saves), the next larger one is
 chosen when the halo it saves makes it faster by the largest timed pass
-scaled by voxels (:func:`blockpred.tuning.autosize.pick`).  The memory
+scaled by voxels (:func:`blockpred.tuning.autosize.pick`; on the CPU only a
+step that reads at most four times the input, within the memory budget:
+:func:`blockpred.tuning.sizing.untimed_growth`).  The memory
 format is measured first, at the start block: the estimate's pass is
 contiguous's, so channels_last takes the passes of a quick trial (a warm-up
 and a timed pass on a GPU, one cold pass on a CPU:

@@ -78,12 +78,15 @@ class HostBudget:
 
     ``limit_bytes``: ``--memory-limit``; None: :data:`SHARE` of the available memory over ``workers``.
     ``prefetch`` and ``writers``: the pipeline's blocks read ahead and writer threads (its queue's bound).
+    ``output_bytes_per_voxel``: a block's output per voxel as the run keeps it (its channels in its dtype), which
+    the queue's outputs take before a trial measured one; 0 where not known.
     """
 
     limit_bytes: int | None = None
     workers: int = 1
     prefetch: int = 4
     writers: int = 2
+    output_bytes_per_voxel: float = 0.0
 
     def resolve(self) -> tuple[int, str] | None:
         """The limit in bytes of this process's resident memory, and what it is (for messages); None where the
@@ -121,7 +124,7 @@ class HostMeter:
         self.limit_bytes, self.what = resolved if resolved is not None else (None, "")
         #: (input voxels of a pass, bytes the pass grew the resident memory by) of the largest pass measured.
         self._measured: tuple[int, int] | None = None
-        self._output_bytes_per_voxel = 0.0
+        self._output_bytes_per_voxel = budget.output_bytes_per_voxel
 
     def work(self, block: Coord, batch: int) -> int:
         return self.problem.input_shape(block).prod() * batch
@@ -167,14 +170,24 @@ class HostMeter:
     def fits_at_most(self, block: Coord, batch: int) -> bool:
         """Whether ``block`` x ``batch`` fits the budget where a pass at the start block (which the process ran
         before the search: its dry run, the measured defaults' passes) grew it by as much as its peak resident
-        memory so far, and wrote an output as large: a bound no pass exceeds, which spares measuring one."""
+        memory so far, and wrote an output as large (or as large as the budget's output per voxel says, where it
+        does): a bound no pass exceeds, which spares measuring one."""
         peak, held = peak_resident_bytes(), resident_bytes()
         if peak is None or held is None or self.limit_bytes is None:
             return False
         base = self.problem.base_block
         ratio = self.work(block, batch) / self.work(base, 1)
-        queued = self.queued_bytes(block, batch, output_bytes_per_voxel=peak / base.prod())
+        per_voxel = self.budget.output_bytes_per_voxel or peak / base.prod()
+        queued = self.queued_bytes(block, batch, output_bytes_per_voxel=per_voxel)
         return held + peak * ratio + queued <= self.limit_bytes
+
+    def holds(self, block: Coord, batch: int) -> bool:
+        """Whether a run at ``block`` x ``batch``, never timed, is foreseen within the budget: from the largest pass
+        measured (:meth:`foresee`), else at most (:meth:`fits_at_most`); True where no budget can be told."""
+        if self.limit_bytes is None:
+            return True
+        foreseen = self.foresee(block, batch)
+        return foreseen <= self.limit_bytes if foreseen is not None else self.fits_at_most(block, batch)
 
     @contextlib.contextmanager
     def measuring(self, block: Coord, batch: int) -> Iterator[Measured]:
@@ -229,6 +242,15 @@ def run_budget(cfg: RunConfig, writers: int) -> HostBudget:
     per local dask worker (one where the run goes in this process, or its workers are a cluster's)."""
     alone = cfg.local or cfg.scheduler is not None or cfg.cluster is not None
     return HostBudget(cfg.memory_limit, workers=1 if alone else cfg.workers or 1, prefetch=cfg.prefetch, writers=writers)
+
+
+def keeping_outputs(budget: HostBudget | None, cfg: RunConfig, out_channels: int) -> HostBudget | None:
+    """``budget`` with the output a run of ``cfg`` keeps per voxel: its channels of the network's ``out_channels``,
+    in its output dtype."""
+    if budget is None:
+        return None
+    kept = len(cfg.channels) if cfg.channels else out_channels
+    return replace(budget, output_bytes_per_voxel=kept * np.dtype(cfg.output_dtype).itemsize)
 
 
 def named_block_warning(budget: HostBudget, cfg: RunConfig, plan: BlockPlan, batch: int, geometry: NetworkGeometry,

@@ -226,6 +226,33 @@ def quick_trial_passes(device_type: str, backend: str = "torch") -> int:
     return 2 if device_type == "cuda" or backend != "torch" else 1
 
 
+#: On the CPU with OpenVINO, a block chosen untimed reads at most this many times the input voxels of the largest
+#: block timed (:func:`untimed_growth`).
+UNTIMED_INPUT_GROWTH = 4.0
+
+
+def untimed_growth(device_type: str, backend: str = "torch") -> float:
+    """How far the measured defaults' quick search may take a larger block untimed on a device of this type, with
+    this backend: the most input voxels of its pass, as a multiple of the largest timed pass's (0: never untimed;
+    see :func:`blockpred.tuning.autosize.pick`).
+
+    * A GPU: any (the next coarse candidate; a larger block seldom runs slower per voxel there).
+    * A CPU with torch: never.  Its passes grow slower per voxel with the block (``unet12`` on two cores: 0.88
+      us per input voxel at 96^3, 1.05 at 96x160x160), and a larger untimed block lost on ``tiny`` at 4 Mvox
+      (64x128x128 ran its device steps in 1.84 s, 64^3 timed in 1.31 s).
+    * A CPU with OpenVINO: up to :data:`UNTIMED_INPUT_GROWTH`.  Its passes cost the same per input voxel at
+      every block (``unet12`` in f32 on two cores, 2026-11-27: 0.382, 0.385 and 0.397 us at 96^3, 96x160x160
+      and 96x288x288), so the block that computes less halo is faster, as estimated; a short run, whose
+      trial of it would cost more than it saves, so still gets it.  The growth keeps a guess's memory near
+      what was measured: one coarse step (eight times the core) reads at most four times the input where the
+      halo is a large share of the block (``unet12`` on 64x256x256, 64^3 -> 64x128x128: 2.8x; ``tiny`` on
+      512^3, 128^3 -> 256^3: 6.5x, 2.8 GiB against 0.97 GiB, not taken).
+    """
+    if device_type != "cpu":
+        return math.inf
+    return UNTIMED_INPUT_GROWTH if backend == "openvino" else 0.0
+
+
 def probe_block(base_block: Coord, step: Coord) -> Coord:
     """A small block for the dry run before a search: a quarter of the base per axis (the base may not fit)."""
     return (base_block // 4).maximum(step).ceil_div(step) * step

@@ -255,3 +255,31 @@ def test_a_quick_size_trial_on_openvino_times_a_pass_after_a_warm_up():
     trial = trial_runner(predictor, problem, quick=True)(Coord((32, 32, 32)), 1)
     assert trial.outcome == "ok"
     assert shapes == [(52, 52, 52), (52, 52, 52)]  # a warm-up, then the timed pass
+
+
+def test_openvino_on_the_cpu_takes_a_larger_block_untimed_only_within_the_memory_budget(tmp_path):
+    # A short run whose budget times no block beyond the start block: OpenVINO costs the same per input voxel at any
+    # block, so the next one, which computes far less halo, is taken untimed; torch's larger blocks are slower per
+    # voxel, so it keeps what it timed; neither takes a block its memory budget is not foreseen to hold.
+    from blockpred.geometry import Box, Coord
+    from blockpred.models import build_preset
+    from blockpred.tuning.autosize import SizeCache, SizeProblem, Trial, choose_sizes
+    from blockpred.tuning.hostbudget import HostBudget
+
+    problem = SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((10, 10, 10)),
+                          context=Coord((0, 0, 0)), input_extra=Coord((0, 0, 0)), step=Coord((2, 2, 2)),
+                          base_block=Coord((16, 16, 16)), roi=Box.from_shape(Coord((64, 64, 64))))
+    start = Coord((16, 16, 16))  # reads 36^3; 32^3 reads 52^3 (3.0 times), 8 blocks against 64 over the region
+    known = (Trial(start, 1, "ok", start.prod() / 0.01 / 1e6, 0.01),)
+
+    def chosen(backend: str, limit_bytes: int, name: str):
+        predictor = Predictor(build_preset("tiny"), torch.device("cpu"), backend=backend)
+        return choose_sizes(predictor, problem, model_key={"name": name}, cache=SizeCache(tmp_path / f"{name}.json"),
+                            quick_s=0.0, known=known, host_budget=HostBudget(limit_bytes=limit_bytes))
+
+    roomy = chosen("openvino", 64 * 2**30, "roomy")
+    assert roomy.block == Coord((32, 32, 32)) and roomy.estimated, roomy
+    tight = chosen("openvino", 1, "tight")  # no room even for what the process holds
+    assert tight.block == start and not tight.estimated, tight
+    torch_choice = chosen("torch", 64 * 2**30, "torch")
+    assert torch_choice.block == start and not torch_choice.estimated, torch_choice
