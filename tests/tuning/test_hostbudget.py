@@ -126,6 +126,27 @@ def test_the_memory_of_a_trial_goes_back_before_the_run(tmp_path, predictor):
     assert resident_bytes() - before < grown / 2, "the trial's memory stayed resident"
 
 
+def test_the_bound_without_a_measurement_takes_the_outputs_as_the_run_keeps_them_where_the_budget_says():
+    # Where the budget knows a block's output per voxel (2 channels of float32), the queue's outputs are those; where
+    # it does not, the whole peak so far stands for each output: a bound hundreds of times too large for 64^3.
+    block, ratio = BASE * 4, (84 / 36) ** 3
+    limit = resident_bytes() + int(peak_resident_bytes() * ratio) + (1 << 30)
+    kept = HostMeter(HostBudget(limit_bytes=limit, output_bytes_per_voxel=8.0), problem())
+    assert kept.fits_at_most(block, 1) and kept.holds(block, 1)
+    unknown = HostMeter(HostBudget(limit_bytes=limit), problem())
+    assert not unknown.fits_at_most(block, 1) and not unknown.holds(block, 1)
+    assert HostMeter(HostBudget(limit_bytes=1, output_bytes_per_voxel=8.0), problem()).holds(block, 1) is False
+
+
+def test_the_outputs_per_voxel_are_the_channels_the_run_keeps_in_its_dtype():
+    from blockpred.tuning.hostbudget import keeping_outputs
+
+    assert keeping_outputs(HostBudget(), make_config(), 3).output_bytes_per_voxel == 12.0
+    kept = keeping_outputs(HostBudget(limit_bytes=5), make_config(channels=[1], output_dtype="uint8"), 3)
+    assert (kept.output_bytes_per_voxel, kept.limit_bytes) == (1.0, 5)
+    assert keeping_outputs(None, make_config(), 3) is None
+
+
 def test_the_start_blocks_pass_is_measured_only_where_a_larger_trial_might_not_fit():
     calls = []
 
