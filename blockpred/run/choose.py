@@ -432,7 +432,6 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
     :func:`blockpred.tuning.autosize.choose_sizes`); None when ``cached_only`` finds nothing.
     With ``--scheduler`` the trials run on one of the cluster's workers, whose device the blocks will run on;
     otherwise on this process's device.  ``host_budget``'s queue takes the outputs as the run keeps them.
-
     ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
     """
     check_channels(cfg.channels, geometry)  # before trials that would select them
@@ -456,19 +455,20 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
         choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, predictor.precision,
-                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only, host_budget)
+                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only, host_budget,
+                                 predictor.backend)
     logger.info("sizes: %s", choice)
     return choice
 
 
 def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
-                            problem: SizeProblem, key: dict, quick_s: float | None,
-                            cached_only: bool, host_budget: HostBudget | None = None) -> SizeChoice | None:
-    """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's)."""
+                            problem: SizeProblem, key: dict, quick_s: float | None, cached_only: bool,
+                            host_budget: HostBudget | None = None, backend: str = "torch") -> SizeChoice | None:
+    """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's), with the run's backend."""
     from ..cluster.tasks import worker_device
 
     predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
-                          memory_format=memory_format)
+                          memory_format=memory_format, backend=backend, backend_key=key)
     return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
                         host_budget=host_budget)  # resolved on the worker: its memory
 

@@ -283,3 +283,18 @@ def test_openvino_on_the_cpu_takes_a_larger_block_untimed_only_within_the_memory
     assert tight.block == start and not tight.estimated, tight
     torch_choice = chosen("torch", 64 * 2**30, "torch")
     assert torch_choice.block == start and not torch_choice.estimated, torch_choice
+
+
+def test_joining_a_cluster_the_size_trials_on_its_worker_run_the_runs_backend(volume, tmp_path):
+    import json
+
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        summary = blockpred.predict(volume, str(tmp_path / "out.zarr"), model="tiny", backend="openvino",
+                                    block="auto", precision="fp32", progress=False,
+                                    scheduler=cluster.scheduler_address)
+    assert summary.sizing is not None and summary.plan.block_shape == summary.sizing.block
+    entries = json.loads((tmp_path / "blockpred-cache" / "sizes.json").read_text())  # the worker's cache
+    backends = {entry["key"].get("backend", "torch") for found in entries.values() for entry in found}
+    assert backends == {"openvino"}, backends  # before: the worker's trials ran torch
