@@ -25,7 +25,7 @@ from ..geometry import Coord
 from ..io import VolumePath, supports_sharding
 from ..models.field import NetworkField, network_field, stated_field
 from ..models.planes import stack_axis
-from ..pipeline import DeviceSteps, Predictor, is_out_of_memory, resolve_device
+from ..pipeline import DeviceSteps, Predictor, is_out_of_memory
 from ..pipeline.blocking import BlockPlan, blocks_per_axis, plan_blocks
 from ..pipeline.job import ModelSpec
 from ..tuning.autosize import (
@@ -48,6 +48,7 @@ from .formats import (
     choose_format,
     model_key_of,
     wants_backend,
+    worker_predictor,
 )
 from .halo import HaloChoice, choose_halo, cut_to_volume, grow_start_block
 from .layout import OutputLayout, block_step, choose_layout
@@ -456,19 +457,18 @@ def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
         choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, predictor.precision,
                                  cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only, host_budget,
-                                 predictor.backend)
+                                 predictor.backend, cfg.tta)
     logger.info("sizes: %s", choice)
     return choice
 
 
 def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
                             problem: SizeProblem, key: dict, quick_s: float | None, cached_only: bool,
-                            host_budget: HostBudget | None = None, backend: str = "torch") -> SizeChoice | None:
+                            host_budget: HostBudget | None = None, backend: str = "torch",
+                            tta: str = "off") -> SizeChoice | None:
     """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's), with the run's backend."""
-    from ..cluster.tasks import worker_device
-
-    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision, compile=compile,
-                          memory_format=memory_format, backend=backend, backend_key=key)
+    predictor = worker_predictor(spec, device, precision, tta, compile=compile, memory_format=memory_format,
+                                 backend=backend, backend_key=key)
     return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
                         host_budget=host_budget)  # resolved on the worker: its memory
 

@@ -72,7 +72,7 @@ def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tupl
 
         spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
         choice = run_on_a_worker(cfg.scheduler, _choose_format_on_worker, spec, cfg.device, predictor.precision,
-                                 batch_shape, key, repeats, cached_only, quick)
+                                 batch_shape, key, repeats, cached_only, quick, cfg.tta)
         if choice is not None:
             predictor.use_memory_format(choice.memory_format)
     logger.info("memory format: %s", choice)
@@ -80,9 +80,17 @@ def choose_format(cfg: RunConfig, model, predictor: Predictor, batch_shape: tupl
 
 
 def _choose_format_on_worker(spec: ModelSpec, device: str, precision: str, batch_shape: tuple[int, ...],
-                             key: dict, repeats: int, cached_only: bool, quick: bool = False) -> FormatChoice | None:
+                             key: dict, repeats: int, cached_only: bool, quick: bool = False,
+                             tta: str = "off") -> FormatChoice | None:
     """:func:`choose_memory_format` on a dask worker's device (its cache, too, is the worker's)."""
-    from ..cluster.tasks import worker_device
-
-    predictor = Predictor(spec.load().module, resolve_device(worker_device(device)), precision)
+    predictor = worker_predictor(spec, device, precision, tta)
     return choose_memory_format(predictor, batch_shape, key, repeats=repeats, cached_only=cached_only, quick=quick)
+
+
+def worker_predictor(spec: ModelSpec, device: str, precision: str, tta: str = "off", **settings) -> Predictor:
+    """The run's network on a dask worker, for trials there: on the device as the worker sees it, with the run's
+    test-time augmentation (a pass per flip, as its blocks run), and ``settings`` (layout, backend ...)."""
+    from ..cluster.tasks import worker_device
+    from ..models.tta import with_tta
+
+    return Predictor(with_tta(spec.load().module, tta), resolve_device(worker_device(device)), precision, **settings)

@@ -298,3 +298,18 @@ def test_joining_a_cluster_the_size_trials_on_its_worker_run_the_runs_backend(vo
     entries = json.loads((tmp_path / "blockpred-cache" / "sizes.json").read_text())  # the worker's cache
     backends = {entry["key"].get("backend", "torch") for found in entries.values() for entry in found}
     assert backends == {"openvino"}, backends  # before: the worker's trials ran torch
+
+
+def test_a_workers_trials_run_the_network_as_its_blocks_do_with_the_runs_tta_and_backend():
+    from blockpred.models.tta import FlipAverage
+    from blockpred.pipeline.job import ModelSpec
+    from blockpred.run.formats import worker_predictor
+
+    spec = ModelSpec("tiny", None, {}, False, None)
+    plain = worker_predictor(spec, "cpu", "fp32")
+    flipped = worker_predictor(spec, "cpu", "fp32", "flips-yx", backend="openvino", backend_key={"name": "w"})
+    assert not isinstance(plain.module, FlipAverage) and plain.backend == "torch"
+    assert isinstance(flipped.module, FlipAverage) and flipped.backend == "openvino"
+    batch = np.random.default_rng(0).random((1, 1, 24, 24, 24), dtype=np.float32)
+    expected = Predictor(FlipAverage(spec.load().module, (3, 4)), torch.device("cpu"))(batch)
+    np.testing.assert_allclose(flipped(batch), expected, atol=TOLERANCE, rtol=0)
