@@ -275,7 +275,8 @@ def test_openvino_on_the_cpu_takes_a_larger_block_untimed_only_within_the_memory
     def chosen(backend: str, limit_bytes: int, name: str):
         predictor = Predictor(build_preset("tiny"), torch.device("cpu"), backend=backend)
         return choose_sizes(predictor, problem, model_key={"name": name}, cache=SizeCache(tmp_path / f"{name}.json"),
-                            quick_s=0.0, known=known, host_budget=HostBudget(limit_bytes=limit_bytes))
+                            quick_s=0.0, known=known,  # outputs as the run keeps them: tiny's 2 channels of float32
+                            host_budget=HostBudget(limit_bytes=limit_bytes, output_bytes_per_voxel=8.0))
 
     roomy = chosen("openvino", 64 * 2**30, "roomy")
     assert roomy.block == Coord((32, 32, 32)) and roomy.estimated, roomy
