@@ -267,9 +267,8 @@ def named_block_warning(budget: HostBudget, cfg: RunConfig, plan: BlockPlan, bat
     if resolved is None or peak is None:
         return ""
     limit, what = resolved
-    kept = len(cfg.channels) if cfg.channels else geometry.out_channels
     input_bytes = plan.input_shape.prod() * geometry.in_channels * np.dtype(raw_dtype).itemsize
-    output_bytes = plan.block_shape.prod() * kept * np.dtype(cfg.output_dtype).itemsize
+    output_bytes = plan.block_shape.prod() * keeping_outputs(budget, cfg, geometry.out_channels).output_bytes_per_voxel
     foreseen = peak + budget.queued_bytes(input_bytes, output_bytes, batch)
     if foreseen <= limit:
         return ""
