@@ -91,3 +91,48 @@ def immutable():
     for path in marked:
         if path.exists():
             subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+class SmallDisk:
+    """A real file system of its own, a tmpfs of a few MiB mounted in a test's directory (see :func:`tmpfs`)."""
+
+    def __init__(self, path: Path, size: str):
+        self.path = path
+        self.size = size
+
+    def fill(self, left_bytes: int = 0) -> None:
+        """Fill the disk up to ``left_bytes`` free (a file named ``filler``)."""
+        stats = os.statvfs(self.path)
+        with open(self.path / "filler", "ab") as filler:
+            filler.write(b"\0" * max(0, stats.f_bavail * stats.f_frsize - left_bytes))
+
+    def resize(self, size: str) -> None:
+        """Grow (or shrink) the disk to ``size`` ("8m"), keeping what it holds: space freed, as an operator would."""
+        import subprocess
+
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True, capture_output=True)
+        self.size = size
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size="2m", name="disk", **options)``: a real, small tmpfs (root only; skipped where it cannot be
+    mounted) as a :class:`SmallDisk`; every disk is unmounted after the test."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(size: str = "2m", name: str = "disk", **options) -> SmallDisk:
+        path = tmp_path / name
+        path.mkdir()
+        flags = ",".join([f"size={size}"] + [f"{key}={value}" for key, value in options.items()])
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", flags, "tmpfs", str(path)], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounted.append(path)
+        return SmallDisk(path, size)
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=True)

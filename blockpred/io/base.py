@@ -324,14 +324,19 @@ class Volume(abc.ABC):
         return self.read(box), ()
 
     def write(self, box: Box, data: np.ndarray) -> None:
-        """Write ``data`` (all channels) into ``box`` (spatial); returns once the data is stored."""
+        """Write ``data`` (all channels) into ``box`` (spatial); returns once the data is durable (see
+        :meth:`write_async`), raises the write's error."""
         self._write(self._index(box), self._checked(box, data))
 
     def write_async(self, box: Box, data: np.ndarray) -> Future:
-        """Start writing ``data`` into ``box``; the future completes (or fails) once the data is stored.
+        """Start writing ``data`` into ``box``: **the write contract** every backend keeps.
 
-        ``data`` must not change until then.  Backends with :attr:`async_writes`
-        return at once; the others write before they return a finished future.
+        The future completes once the data is *durable* -- on disk, where neither a ``kill -9`` of this
+        process nor a crash of the machine takes it (tensorstore's commit, which fsyncs; HDF5's flush and
+        fsync) -- and fails with the write's error otherwise (a full disk included).  A block is marked
+        done only after its future completed (:class:`blockpred.pipeline.writer.BlockWriter` is the one
+        caller that does), so a mark always vouches for data that is there.  ``data`` must not change until
+        then.  Backends with :attr:`async_writes` return at once; the others may write before they return.
         """
         return self._write_async(self._index(box), self._checked(box, data))
 
@@ -347,7 +352,8 @@ class Volume(abc.ABC):
     def _read(self, index: tuple[slice, ...]) -> np.ndarray: ...
 
     @abc.abstractmethod
-    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None: ...
+    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
+        """Write ``data`` at ``index``; return once it is durable (:meth:`write_async`'s contract)."""
 
     def _write_async(self, index: tuple[slice, ...], data: np.ndarray) -> Future:
         future: Future = Future()

@@ -1,20 +1,15 @@
 """HDF5 volumes through h5py, e.g. ``file.h5:/raw``.
 
-One file, two volumes.  The input and the output may be datasets of the same
-file in the same process (``f.h5:/raw`` in, ``f.h5:/prediction`` out), but
-HDF5 refuses to open a file twice in different modes.  So every
-:class:`HDF5Volume` borrows its ``h5py.File`` from one process-wide registry
-(:data:`OPEN_FILES`), keyed by the file itself (one key for every name of
-it: symlinks, hard links).  The first writer
-upgrades a read-only handle to mode ``"a"`` (close, reopen); volumes look
-their dataset up on every call, so an upgrade never leaves them a stale
-handle.  The file is closed when its last volume closes.
-
-h5py allows no concurrent writers, so ``parallel_writes`` is False, and every
-HDF5 call runs under the registry's lock (h5py serialises them anyway).
+Every volume borrows its file's one handle from :data:`~blockpred.io.hdf5_files.OPEN_FILES` (see
+:mod:`.hdf5_files`: the input and the output may be datasets of one file; the writer lock; SWMR; durable
+writes), so every HDF5 call runs under the registry's lock.  h5py allows no concurrent writers, so
+``parallel_writes`` is False.  A write returns a future that completes once the data is durable: the file
+flushed and fsynced, in groups (:meth:`HDF5Volume.write_async`).
 
 New datasets (:func:`create`):
 
+* a new file is made in HDF5 1.10's format (superblock 3), which SWMR needs: HDF5 1.10 (2016) and newer read
+  it, 1.8 does not.
 * compression: HDF5 has no built-in zstd, so ``zstd`` (the default) is
   written as **gzip level 1** (fast, most of gzip's ratio); ``gzip`` is gzip
   level 4 (h5py's default); both add the byte shuffle filter for multi-byte
@@ -30,16 +25,15 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import weakref
-from contextlib import contextmanager
-from typing import Iterator
+from concurrent.futures import Future
 
 import h5py
 import numpy as np
 
-from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from ..errors import InputNotFoundError, InvalidOptionError, OutputExistsError
 from .base import Volume, VolumePath, spatial_voxel_size
+from .hdf5_files import OPEN_FILES
 
 log = logging.getLogger(__name__)
 
@@ -48,69 +42,6 @@ _COMPRESSION = {
     "gzip": {"compression": "gzip", "compression_opts": 4},
     "raw": {},
 }
-
-
-class _OpenFiles:
-    """Process-wide, thread-safe ``h5py.File`` handles: one per file, counted by users."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self._files: dict[str, h5py.File] = {}
-        self._users: dict[str, int] = {}
-
-    def file(self, key: str, writable: bool) -> h5py.File:
-        """The open handle of ``key``, upgraded to mode "a" if ``writable``; hold :attr:`lock`."""
-        handle = self._files.get(key)
-        if handle is not None and handle.id.valid:
-            if not writable or handle.mode == "r+":
-                return handle
-            log.debug("reopening %s for writing", key)
-            handle.close()
-        try:
-            handle = h5py.File(key, "a" if writable else "r")
-        except OSError as error:
-            self._files.pop(key, None)
-            raise InvalidVolumeError(
-                f"{key!r} must be an HDF5 file that this process can open; h5py failed: {error}"
-            ) from error
-        self._files[key] = handle
-        return handle
-
-    def acquire(self, key: str, writable: bool) -> None:
-        with self.lock:
-            self.file(key, writable)
-            self._users[key] = self._users.get(key, 0) + 1
-
-    def release(self, key: str) -> None:
-        with self.lock:
-            users = self._users.get(key, 0) - 1
-            if users > 0:
-                self._users[key] = users
-                return
-            self._users.pop(key, None)
-            handle = self._files.pop(key, None)
-            if handle is not None and handle.id.valid:
-                handle.close()
-                log.debug("closed %s", key)
-
-    @contextmanager
-    def borrowed(self, key: str, writable: bool) -> Iterator[h5py.File]:
-        """The handle for the length of a ``with`` block, under the lock."""
-        with self.lock:
-            self.acquire(key, writable)
-            try:
-                yield self.file(key, writable)
-            finally:
-                self.release(key)
-
-    def open_keys(self) -> list[str]:
-        """Files open now (for tests and debugging)."""
-        with self.lock:
-            return sorted(self._files)
-
-
-#: The registry every HDF5Volume borrows its file from.
-OPEN_FILES = _OpenFiles()
 
 
 class HDF5Volume(Volume):
@@ -125,7 +56,7 @@ class HDF5Volume(Volume):
         if not path.container.is_file():
             raise InputNotFoundError(f"no HDF5 file at {str(path.container)!r}; check the path")
         self._key = _key(path)
-        OPEN_FILES.acquire(self._key, self.writable)
+        OPEN_FILES.acquire(self._key, "write" if self.writable else "read")
         self._release = weakref.finalize(self, OPEN_FILES.release, self._key)
         try:
             with OPEN_FILES.lock:
@@ -142,7 +73,7 @@ class HDF5Volume(Volume):
         log.debug("opened %r", self)
 
     def _dataset(self) -> h5py.Dataset:
-        handle = OPEN_FILES.file(self._key, self.writable)
+        handle = OPEN_FILES.file(self._key, "read")
         node = handle.get(self.path.dataset) if self.path.dataset else None
         if not isinstance(node, h5py.Dataset):
             if not self.path.dataset:
@@ -160,8 +91,20 @@ class HDF5Volume(Volume):
             return self._dataset()[index]
 
     def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
+        self._write_async(index, data).result()
+
+    def _write_async(self, index: tuple[slice, ...], data: np.ndarray) -> Future:
+        """Write into HDF5's caches now; the future completes once a flush and an fsync of the file made it
+        durable (or fails with their error: see :mod:`.hdf5_files`)."""
         with OPEN_FILES.lock:
-            self._dataset()[index] = data
+            writer = OPEN_FILES.writer(self._key)
+            writer.check()
+            try:
+                self._dataset()[index] = data
+            except OSError as error:  # HDF5's state after a failed write is not to be trusted
+                writer.failed = error
+                raise
+            return writer.commit(OPEN_FILES.lock)
 
     def close(self) -> None:
         """Give the file back to the registry, which closes it after its last user."""
@@ -179,7 +122,7 @@ def volume_exists(path: VolumePath) -> bool:
     """True when ``path`` names a dataset of an existing HDF5 file."""
     if not path.dataset or not path.container.is_file():
         return False
-    with OPEN_FILES.borrowed(_key(path), writable=False) as handle:
+    with OPEN_FILES.borrowed(_key(path), "read") as handle:
         return isinstance(handle.get(path.dataset), h5py.Dataset)
 
 
@@ -191,7 +134,7 @@ def remove_volume(path: VolumePath) -> None:
         )
     if not path.container.is_file():
         return
-    with OPEN_FILES.borrowed(_key(path), writable=True) as handle:
+    with OPEN_FILES.borrowed(_key(path), "change") as handle:
         _remove(handle, path)
 
 
@@ -216,7 +159,7 @@ def create_volume(
             f"HDF5 output supports compression zstd (written as gzip level 1), gzip or raw; got {compression!r}"
         )
     path.container.parent.mkdir(parents=True, exist_ok=True)
-    with OPEN_FILES.borrowed(_key(path), writable=True) as handle:
+    with OPEN_FILES.borrowed(_key(path), "change") as handle:
         if path.dataset in handle:
             if not overwrite:
                 raise OutputExistsError(
