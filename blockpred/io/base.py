@@ -35,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import InvalidOptionError, InvalidVolumeError
+from ..errors import InvalidOptionError, InvalidVolumeError, OutputExistsError
 from ..geometry import Box, Coord
 from .stores import ObjectUrl, StorageOptions, is_url, parse_url
 
@@ -257,12 +257,39 @@ def _is_precomputed_directory(path: Path) -> bool:
     return isinstance(info, dict) and info.get("@type") == "neuroglancer_multiscale_volume"
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewVolume:
+    """What a volume to be created is, checked once by :func:`blockpred.io.create_volume` for every backend."""
+
+    #: Full rank: (z, y, x) or (c, z, y, x); the channel axis is one chunk.
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype
+    #: One of zstd, gzip, blosc, raw; each backend's docstring says what it writes for each.
+    compression: str
+    #: (z, y, x), or None for none.
+    voxel_size: tuple[float, ...] | None
+    fill_value: object
+    #: Replace a volume at the path (only it, see :func:`make_room`).
+    overwrite: bool
+
+
+def make_room(path: VolumePath, new: NewVolume, exists: bool, remove) -> None:
+    """Before a backend creates ``new`` at ``path``: an existing volume there (``exists``) is refused, or with
+    ``new.overwrite`` removed by ``remove(path)``."""
+    if exists:
+        if not new.overwrite:
+            raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
+        remove(path)
+
+
 class Volume(abc.ABC):
     """A chunked 3D volume with an optional leading channel axis.
 
-    Subclasses set ``path``, ``shape``, ``dtype``, ``chunk_shape`` and
-    ``voxel_size`` in ``__init__`` and implement :meth:`_read` and
-    :meth:`_write` on full-rank index tuples.
+    Subclasses call ``super().__init__(path, mode)``, set ``shape``,
+    ``dtype``, ``chunk_shape`` and ``voxel_size``, and implement
+    :meth:`_read` and :meth:`_write` (or :meth:`_write_async`) on full-rank
+    index tuples, keeping the write contract of :meth:`write_async`.
     """
 
     path: VolumePath
@@ -279,6 +306,14 @@ class Volume(abc.ABC):
     writable: bool = True
     #: True when :meth:`read_with_missing` can tell a missing (not stored) chunk from a stored one.
     counts_missing_chunks: bool = False
+
+    def __init__(self, path: VolumePath, mode: str = "r"):
+        self.path = path
+        self._mode = mode
+        self.writable = mode == "r+"
+
+    def __reduce__(self):  # a volume travels (to a dask worker) as its path and mode, and opens again there
+        return (type(self), (self.path, self._mode))
 
     @property
     def ndim(self) -> int:

@@ -31,8 +31,8 @@ from concurrent.futures import Future
 import h5py
 import numpy as np
 
-from ..errors import InputNotFoundError, InvalidOptionError, OutputExistsError
-from .base import Volume, VolumePath, spatial_voxel_size
+from ..errors import InputNotFoundError, InvalidOptionError
+from .base import NewVolume, Volume, VolumePath, make_room, spatial_voxel_size
 from .hdf5_files import OPEN_FILES
 
 log = logging.getLogger(__name__)
@@ -50,9 +50,7 @@ class HDF5Volume(Volume):
     parallel_writes = False
 
     def __init__(self, path: VolumePath, mode: str = "r"):
-        self.path = path
-        self._mode = mode
-        self.writable = mode == "r+"
+        super().__init__(path, mode)
         if not path.container.is_file():
             raise InputNotFoundError(f"no HDF5 file at {str(path.container)!r}; check the path")
         self._key = _key(path)
@@ -110,9 +108,6 @@ class HDF5Volume(Volume):
         """Give the file back to the registry, which closes it after its last user."""
         self._release()
 
-    def __reduce__(self):
-        return (type(self), (self.path, self._mode))
-
 
 def open_volume(path: VolumePath, mode: str = "r") -> HDF5Volume:
     return HDF5Volume(path, mode)
@@ -138,46 +133,31 @@ def remove_volume(path: VolumePath) -> None:
         _remove(handle, path)
 
 
-def create_volume(
-    path: VolumePath,
-    *,
-    shape: tuple[int, ...],
-    chunk_shape: tuple[int, ...],
-    dtype: np.dtype,
-    compression: str,
-    voxel_size: tuple[float, ...] | None,
-    overwrite: bool,
-    fill_value,
-) -> HDF5Volume:
+def create_volume(path: VolumePath, new: NewVolume) -> HDF5Volume:
     """Create the dataset at ``path`` (see the module docstring) and open it ``r+``."""
     if not path.dataset:
         raise InvalidOptionError(
             f"an HDF5 output needs a dataset name, got {str(path)!r}; write e.g. '{path.container}:/prediction'"
         )
-    if compression not in _COMPRESSION:
+    if new.compression not in _COMPRESSION:
         raise InvalidOptionError(
-            f"HDF5 output supports compression zstd (written as gzip level 1), gzip or raw; got {compression!r}"
+            f"HDF5 output supports compression zstd (written as gzip level 1), gzip or raw; got {new.compression!r}"
         )
     path.container.parent.mkdir(parents=True, exist_ok=True)
     with OPEN_FILES.borrowed(_key(path), "change") as handle:
-        if path.dataset in handle:
-            if not overwrite:
-                raise OutputExistsError(
-                    f"{str(path)!r} exists; pass overwrite to replace it, or choose another output"
-                )
-            _remove(handle, path)
+        make_room(path, new, path.dataset in handle, lambda _: _remove(handle, path))
         dataset = handle.create_dataset(
             path.dataset,
-            shape=shape,
-            dtype=dtype,
-            chunks=tuple(min(c, s) for c, s in zip(chunk_shape, shape)),
-            fillvalue=fill_value,
-            shuffle=bool(_COMPRESSION[compression]) and dtype.itemsize > 1,
-            **_COMPRESSION[compression],
+            shape=new.shape,
+            dtype=new.dtype,
+            chunks=tuple(min(c, s) for c, s in zip(new.chunk_shape, new.shape)),
+            fillvalue=new.fill_value,
+            shuffle=bool(_COMPRESSION[new.compression]) and new.dtype.itemsize > 1,
+            **_COMPRESSION[new.compression],
         )
-        if voxel_size is not None:
-            dataset.attrs["resolution"] = np.asarray(voxel_size, dtype=np.float64)
-        log.info("created HDF5 dataset %s shape=%s chunks=%s dtype=%s", path, shape, dataset.chunks, dtype)
+        if new.voxel_size is not None:
+            dataset.attrs["resolution"] = np.asarray(new.voxel_size, dtype=np.float64)
+        log.info("created HDF5 dataset %s shape=%s chunks=%s dtype=%s", path, new.shape, dataset.chunks, new.dtype)
         return HDF5Volume(path, "r+")
 
 
