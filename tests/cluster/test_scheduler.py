@@ -250,7 +250,7 @@ def test_a_downsampled_mask_skips_the_right_blocks_and_a_rerun_keeps_them_skippe
 def test_an_hdf5_output_with_two_workers_is_refused_before_anything_is_written(tmp_path, capsys):
     source = write_test_volume(str(tmp_path / "f.h5:/raw"), np.zeros((8, 8, 8), dtype=np.uint8))
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert main(["run", source, "--workers", "2", "--no-progress"]) == 2
+    assert main(["run", source, f"{tmp_path}/f.h5:/prediction", "--workers", "2", "--no-progress"]) == 2
     assert "HDF5 has no concurrent writers" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     import h5py
@@ -262,7 +262,8 @@ def test_an_hdf5_output_with_two_workers_is_refused_before_anything_is_written(t
 def test_an_hdf5_output_in_the_input_file_is_written_by_one_dask_worker(tmp_path):
     data = np.random.default_rng(5).integers(0, 255, (16, 16, 16), dtype=np.uint8)
     source = write_test_volume(str(tmp_path / "f.h5:/raw"), data)
-    summary = blockpred.predict(source, block=8, halo=4, workers=1, progress=False, **PINNED)
+    summary = blockpred.predict(source, str(tmp_path / "f.h5:/prediction"), block=8, halo=4, workers=1,
+                                progress=False, **PINNED)
     local = blockpred.predict(source, str(tmp_path / "f.h5:/local"), block=8, halo=4, local=True, progress=False,
                               **PINNED)
     np.testing.assert_array_equal(read_all(summary.output), read_all(local.output))
