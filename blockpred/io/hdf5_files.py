@@ -107,14 +107,18 @@ class _Writer:
                     self._wake.wait()
                 if not self._pending:
                     return
-            with lock:  # the flush under the registry's lock; the writes in this round all came before it
-                with self._wake:
-                    batch, self._pending = self._pending, []
-                if not batch:
-                    continue
-                error = self._flush()
-            if error is None:
-                error = self._fsync()
+            batch: list[Future] = []
+            try:
+                with lock:  # the flush under the registry's lock; the writes in this round all came before it
+                    with self._wake:
+                        batch, self._pending = self._pending, []
+                    if not batch:
+                        continue
+                    error = self._flush()
+                if error is None:
+                    error = self._fsync()
+            except BaseException as unexpected:  # noqa: BLE001 - never a write left waiting: a run would hang
+                error = self.failed = self.failed or unexpected
             _settle(batch, error)
 
     def _flush(self) -> BaseException | None:
