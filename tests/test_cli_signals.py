@@ -29,7 +29,7 @@ PATIENCE_S = 180
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> str:
-    data = np.random.default_rng(3).integers(1, 255, (32, 64, 64), dtype=np.uint8)  # no block all zeros
+    data = np.random.default_rng(3).integers(1, 255, (16, 32, 64), dtype=np.uint8)  # no block all zeros
     return write_test_volume(str(tmp_path_factory.mktemp("signals") / "in.zarr"), data, chunks=(16, 16, 16))
 
 
