@@ -226,6 +226,15 @@ class Terminated(KeyboardInterrupt):
         super().__init__(message)
 
 
+class HungUp(Terminated):
+    """SIGHUP (a closed terminal, a lost SSH session, ``kill -HUP``), ended as SIGTERM is, with exit code 129."""
+
+    signal_number = 1
+
+    def __init__(self, message: str = "hung up (SIGHUP)"):
+        super().__init__(message)
+
+
 def one_line(err: BaseException) -> str:
     """An error as the one line the user sees: blockpred's own say what to do; others are named, with the cure."""
     if isinstance(err, BlockpredError):

@@ -147,12 +147,13 @@ class Uneven(torch.nn.Module):
 
 
 class Gated(torch.nn.Module):
-    """The tiny preset that holds every real block while ``gate_file`` exists (a test opens the gate)."""
+    """The tiny preset that holds every real block while ``gate_file`` exists (a test opens the gate); with
+    ``arrived_file``, a block at the gate creates that file (a test knows a block is in flight)."""
 
-    def __init__(self, gate_file: str, delay_s: float = 0.0):
+    def __init__(self, gate_file: str, delay_s: float = 0.0, arrived_file: str | None = None):
         super().__init__()
         self.net = build_preset("tiny")
-        self.gate_file, self.delay_s = gate_file, delay_s
+        self.gate_file, self.delay_s, self.arrived_file = gate_file, delay_s, arrived_file
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
@@ -160,6 +161,8 @@ class Gated(torch.nn.Module):
 
     def forward(self, x):
         if x.any():
+            if self.arrived_file is not None:
+                open(self.arrived_file, "a").close()
             while os.path.exists(self.gate_file):
                 time.sleep(0.02)
             time.sleep(self.delay_s)
@@ -170,8 +173,8 @@ def uneven(claim_file: str, delay_s: float) -> Uneven:
     return Uneven(claim_file, delay_s)
 
 
-def gated(gate_file: str, delay_s: float = 0.0) -> Gated:
-    return Gated(gate_file, delay_s)
+def gated(gate_file: str, delay_s: float = 0.0, arrived_file: str | None = None) -> Gated:
+    return Gated(gate_file, delay_s, arrived_file)
 
 
 class PidLogged(torch.nn.Module):
@@ -325,3 +328,22 @@ class LosesTheDevice(torch.nn.Module):
 
 def loses_the_device(log_path: str) -> LosesTheDevice:
     return LosesTheDevice(log_path)
+
+
+class Deprecated(torch.nn.Module):
+    """The tiny preset through a deprecated torch call (``nn.functional.upsample`` by 1): torch's own UserWarning at
+    each forward pass, as a user's network may give."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = build_preset("tiny")
+        self.in_channels, self.out_channels = 1, 2
+        self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius
+
+    def forward(self, x):
+        return self.net(torch.nn.functional.upsample(x, scale_factor=1))
+
+
+def deprecated() -> Deprecated:
+    return Deprecated()
