@@ -147,12 +147,13 @@ class Uneven(torch.nn.Module):
 
 
 class Gated(torch.nn.Module):
-    """The tiny preset that holds every real block while ``gate_file`` exists (a test opens the gate)."""
+    """The tiny preset that holds every real block while ``gate_file`` exists (a test opens the gate); creates
+    ``held_file`` (where given) when it holds one."""
 
-    def __init__(self, gate_file: str, delay_s: float = 0.0):
+    def __init__(self, gate_file: str, delay_s: float = 0.0, held_file: str | None = None):
         super().__init__()
         self.net = build_preset("tiny")
-        self.gate_file, self.delay_s = gate_file, delay_s
+        self.gate_file, self.delay_s, self.held_file = gate_file, delay_s, held_file
         self.in_channels, self.out_channels = 1, 2
         self.downsampling = self.net.downsampling
         self.receptive_radius = TINY.receptive_radius  # stated: never measured on random input
@@ -160,6 +161,8 @@ class Gated(torch.nn.Module):
 
     def forward(self, x):
         if x.any():
+            if self.held_file is not None and os.path.exists(self.gate_file):
+                open(self.held_file, "a").close()
             while os.path.exists(self.gate_file):
                 time.sleep(0.02)
             time.sleep(self.delay_s)
@@ -170,8 +173,8 @@ def uneven(claim_file: str, delay_s: float) -> Uneven:
     return Uneven(claim_file, delay_s)
 
 
-def gated(gate_file: str, delay_s: float = 0.0) -> Gated:
-    return Gated(gate_file, delay_s)
+def gated(gate_file: str, delay_s: float = 0.0, held_file: str | None = None) -> Gated:
+    return Gated(gate_file, delay_s, held_file)
 
 
 class PidLogged(torch.nn.Module):
