@@ -26,6 +26,26 @@ _SESSION_CACHE = tempfile.mkdtemp(prefix="blockpred-test-cache-")
 os.environ["BLOCKPRED_CACHE_DIR"] = _SESSION_CACHE
 
 
+def pytest_configure(config):
+    """Under CI=true, a session where a required dependency or ../shared/realdata is missing fails at once (see
+    tests/ci.py): no test may skip for it there."""
+    from tests.ci import ON_CI, missing_requirements
+
+    config.addinivalue_line("markers", "needs(present, what): skipped where `what` is missing; under CI=true failed")
+    if ON_CI and (unmet := missing_requirements()):
+        raise pytest.UsageError(f"CI=true, and what the suite needs is missing: {'; '.join(unmet)}. Install the "
+                                f"project with its test extra (pip install -e '.[test]') and put ../shared/realdata "
+                                f"beside the checkout")
+
+
+def pytest_runtest_setup(item):
+    from tests.ci import missing
+
+    for mark in item.iter_markers("needs"):
+        if not mark.kwargs["present"]:
+            missing(mark.kwargs["what"])
+
+
 def pytest_addoption(parser):
     parser.addoption("--slurm", action="store_true", default=False,
                      help="run the tests marked slurm, against a real SLURM (root starts one: see tests/cluster/test_slurm.py)")
