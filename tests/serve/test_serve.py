@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,10 +25,11 @@ import blockpred
 from blockpred.errors import InvalidOptionError
 from blockpred.io import open_volume
 from blockpred.serve import serving, viewer
-from tests.helpers import ROOT, child_env, read_volume, write_test_volume
+from tests.ci import REALDATA, import_or_skip, needs
+from tests.helpers import ROOT, child_env, read_volume, wait_for, write_test_volume
 
-pytest.importorskip("tornado")
-ts = pytest.importorskip("tensorstore")
+import_or_skip("tornado")
+ts = import_or_skip("tensorstore")
 
 #: Pinned: the same blocks in the same batches as the run each test compares with.
 PINNED = dict(block=(16, 16, 16), halo=(4, 4, 4), batch_size=1, device="cpu", backend="torch",
@@ -247,17 +247,19 @@ def test_sigterm_under_200_requests_answers_each_200_or_503_and_ends_in_one_line
         sock.sendall(f"GET {path}/0/0.{z}.{y}.{x} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         sockets.append(sock)
     status_url = url.rsplit("/", 1)[0] + "/status.json"
-    while json.loads(urllib.request.urlopen(status_url).read())["requests"] < 200 or not held.exists():
-        time.sleep(0.05)  # every request is in, and a block is held on the device
+    wait_for(lambda: held.exists() and json.loads(urllib.request.urlopen(status_url).read())["requests"] == 200,
+             "all 200 requests in, and a block held on the device", process=process)
 
     process.send_signal(signal.SIGTERM)
-    while True:  # the listener closes at once; the process lives on, the held block's requests unanswered
+    def refused() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port)).close()
         except ConnectionRefusedError:
-            break
-        time.sleep(0.02)
-    assert process.poll() is None
+            return True
+        return False
+
+    wait_for(refused, "the listener closed", process=process)  # at once; the process lives on, the held
+    assert process.poll() is None  # block's requests unanswered
     if num_signals == 2:  # every request is answered now, though the gate still holds a block
         process.send_signal(signal.SIGTERM)
         answers = [_answer(sock) for sock in sockets]
@@ -303,22 +305,17 @@ def test_queued_blocks_whose_requests_went_away_are_withdrawn_before_the_network
         for key in keys[1:]:  # asked, then gone: the viewer scrolled on
             with socket.create_connection(("127.0.0.1", served.port)) as gone:
                 gone.sendall(f"GET {path}/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-        deadline = time.monotonic() + 60  # the pipeline is held: the calls not yet in it can only be withdrawn
-        while _status(served)["blocks_withdrawn"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The pipeline is held: the calls not yet in it can only be withdrawn.
+        wait_for(lambda: _status(served)["blocks_withdrawn"] >= 1, "a withdrawn block")
         gate.unlink()
         kept.join()
-        while (counts := _status(served))["blocks_withdrawn"] + counts["blocks_predicted"] < len(keys) \
-                and time.monotonic() < deadline + 60:
-            time.sleep(0.05)
+        counts = wait_for(lambda: (c := _status(served))["blocks_withdrawn"] + c["blocks_predicted"] >= len(keys)
+                          and c, "every call predicted or withdrawn")
     assert counts["blocks_withdrawn"] >= 1 and counts["blocks_withdrawn"] + counts["blocks_predicted"] == len(keys)
     assert counts["blocks_failed"] == 0
 
 
-REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"
-
-
-@pytest.mark.skipif(not (REALDATA / "cremi_dunet2d").exists(), reason="../shared/realdata is not beside the checkout")
+@needs((REALDATA / "cremi_dunet2d").exists(), "../shared/realdata beside the checkout")
 def test_a_trained_network_on_real_em_is_served_as_run_writes_it(tmp_path, monkeypatch):
     """The trained 2D CREMI network (a user's model file and state dict) on real FIB-SEM planes, served."""
     from tests import realnets
