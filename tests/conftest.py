@@ -31,7 +31,6 @@ def pytest_configure(config):
     tests/ci.py): no test may skip for it there."""
     from tests.ci import ON_CI, missing_requirements
 
-    config.addinivalue_line("markers", "needs(present, what): skipped where `what` is missing; under CI=true failed")
     if ON_CI and (unmet := missing_requirements()):
         raise pytest.UsageError(f"CI=true, and what the suite needs is missing: {'; '.join(unmet)}. Install the "
                                 f"project with its test extra (pip install -e '.[test]') and put ../shared/realdata "

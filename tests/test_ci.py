@@ -34,7 +34,10 @@ def _pytest(folder, ci: bool) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("ci", [pytest.param(False, id="elsewhere"), pytest.param(True, id="CI=true")])
 def test_a_missing_need_skips_elsewhere_and_fails_under_ci(tmp_path, ci):
-    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_configure, pytest_runtest_setup\n")
+    # The suite's own hook for the mark, not its session check: this test is about the tests, not this machine.
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_runtest_setup\n\n\n"
+                                          "def pytest_configure(config):\n"
+                                          "    config.addinivalue_line('markers', 'needs(present, what)')\n")
     (tmp_path / "test_needy.py").write_text(NEEDY)
     done = _pytest(tmp_path, ci)
     if ci:
