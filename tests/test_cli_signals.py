@@ -41,7 +41,7 @@ class GatedRun:
         self.gate, self.arrived, self.output = folder / "gate", folder / "arrived", str(folder / "out.zarr")
         self.gate.touch()
         self.argv = ["run", source, self.output, "--model", "tests.networks:gated", "--model-kwargs",
-                     f"gate_file={self.gate},arrived_file={self.arrived}", "--device", "cpu", "--block", "16",
+                     f"gate_file={self.gate},held_file={self.arrived}", "--device", "cpu", "--block", "16",
                      "--batch-size", "1", "--memory-format", "contiguous", "--backend", "torch", "--no-progress"]
         self.process = subprocess.Popen([sys.executable, "-m", "blockpred", *self.argv], env=child_env(),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
