@@ -100,8 +100,7 @@ def test_a_failed_block_ends_with_the_error_and_the_same_command_resumes_only_it
     events_path = tmp_path / "events.jsonl"
     command = ["run", source, str(tmp_path / "out.zarr"), "--config", str(config), "--model",
                "tests.networks:fails_on_marker", "--block", "16", "--halo", "0", "--batch-size", "1", "--retries", "0",
-               "--no-progress", "--progress-json", str(events_path),
-               "--backend", "torch"]  # its fault is Python in forward(): a converted copy (OpenVINO) has none
+               "--no-progress", "--progress-json", str(events_path)]
     assert main(command) == 1
     failed = _events(events_path)[-1]
     assert failed["ok"] is False and failed["failed_blocks"] == 1 and "block (1, 2, 3)" in failed["error"]
