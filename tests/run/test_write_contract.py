@@ -10,7 +10,6 @@ A full disk fails its blocks without a mark; with space freed, the same command 
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -20,9 +19,8 @@ import numpy as np
 import pytest
 
 from blockpred.geometry import Box
-from blockpred.io import parse_volume_path
-from blockpred.pipeline.markers import markers_path
-from tests.helpers import child_env, error_line, read_volume, run_blockpred, write_test_volume
+from tests.helpers import (assert_resumed, child_env, done_blocks, error_line, read_volume, run_blockpred,
+                           write_test_volume)
 
 pytestmark = pytest.mark.slow
 
@@ -55,15 +53,7 @@ def clean(source, tmp_path_factory) -> np.ndarray:
     return read_volume(target)
 
 
-def marked(target: str) -> set[int]:
-    """The block ids the output's markers hold (done, read the way a resume reads them)."""
-    done = markers_path(parse_volume_path(target)) / "done"
-    ids = [np.frombuffer(log.read_bytes()[: log.stat().st_size // 8 * 8], dtype="<i8") for log in done.glob("*.ids")]
-    return set(np.concatenate(ids).tolist()) if ids else set()
-
-
-def block_box(block_id: int) -> Box:
-    index = np.unravel_index(block_id, GRID)
+def block_box(index) -> Box:
     return Box.from_shape((BLOCK,) * 3, tuple(int(i) * BLOCK for i in index))
 
 
@@ -73,7 +63,7 @@ def run_until_marked(source: str, target: str, count: int) -> int:
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while child.poll() is None:
-            if len(marked(target)) >= count:
+            if len(done_blocks(target)) >= count:
                 child.send_signal(signal.SIGKILL)
                 break
             try:
@@ -90,19 +80,16 @@ def run_until_marked(source: str, target: str, count: int) -> int:
 
 def assert_marked_blocks_hold_their_data(target: str, clean: np.ndarray) -> None:
     output = read_volume(target)
-    for block_id in sorted(marked(target)):
-        index = (slice(None),) + block_box(block_id).to_slices()
-        assert np.array_equal(output[index], clean[index]), f"block {block_id} is marked done but not in the output"
+    for index in sorted(done_blocks(target)):
+        region = (slice(None),) + block_box(index).to_slices()
+        assert np.array_equal(output[region], clean[region]), f"block {index} is marked done but not in the output"
 
 
 def assert_resumes_to_the_clean_output(source: str, target: str, clean: np.ndarray) -> None:
-    before = marked(target)
+    before = len(done_blocks(target))
     result = run_blockpred("run", source, target, *PINNED)
     assert result.returncode == 0, result.stderr
-    redone = re.search(r"in (\d+) blocks(?: \((\d+) already done\))?", result.stdout)
-    assert redone is not None, result.stdout
-    assert (int(redone.group(1)), int(redone.group(2) or 0)) == (int(np.prod(GRID)) - len(before), len(before))
-    np.testing.assert_array_equal(read_volume(target), clean)
+    assert_resumed(result.stdout, target, clean, num_blocks=int(np.prod(GRID)), done_before=before)
 
 
 @pytest.mark.parametrize("template", FORMATS)
@@ -126,7 +113,7 @@ def test_a_full_disk_fails_blocks_without_marks_and_with_space_freed_the_run_com
     assert result.returncode == 1, result.stdout + result.stderr
     assert "no space left on the device" in error_line(result.stderr)
     assert "predicted" not in result.stdout  # no success summary
-    assert 0 < len(marked(target)) < np.prod(GRID)
+    assert 0 < len(done_blocks(target)) < np.prod(GRID)
     assert_marked_blocks_hold_their_data(target, clean)
     disk.resize("16m")
     assert_resumes_to_the_clean_output(source, target, clean)
