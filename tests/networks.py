@@ -331,3 +331,22 @@ class LosesTheDevice(torch.nn.Module):
 
 def loses_the_device(log_path: str) -> LosesTheDevice:
     return LosesTheDevice(log_path)
+
+
+class Deprecated(torch.nn.Module):
+    """The tiny preset through a deprecated torch call (``nn.functional.upsample`` by 1): torch's own UserWarning at
+    each forward pass, as a user's network may give."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = build_preset("tiny")
+        self.in_channels, self.out_channels = 1, 2
+        self.downsampling = self.net.downsampling
+        self.receptive_radius = TINY.receptive_radius
+
+    def forward(self, x):
+        return self.net(torch.nn.functional.upsample(x, scale_factor=1))
+
+
+def deprecated() -> Deprecated:
+    return Deprecated()
