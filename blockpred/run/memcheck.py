@@ -13,7 +13,8 @@ writers: :meth:`blockpred.tuning.hostbudget.HostBudget.queued_bytes`):
   foreseen over the most the run may take (``--memory-limit``, else what the
   process holds and the machine has available; on CUDA the device's free
   memory) is refused in one line that names the largest block of the same
-  proportions within the budget;
+  proportions within the budget (on CUDA, and under the index limit of
+  :mod:`blockpred.tuning.tensors`);
 * the start block blockpred chose itself is made smaller until it is within
   the budget (a line at INFO says so);
 * a ``--memory-limit`` below what the smallest block (:func:`least_block`) takes
@@ -37,6 +38,7 @@ from ..pipeline import Predictor
 from ..tuning.autosize import MEMORY_FRACTION
 from ..tuning.hostbudget import HostBudget, keeping_outputs
 from ..tuning.passmemory import MemoryRoom, PassMemory, pass_memory, size_text
+from ..tuning.tensors import over_index_limit
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,8 @@ class Foresight:
     queue: HostBudget | None
     #: Bytes of the input as read, per voxel (its dtype, its channels).
     raw_bytes_per_voxel: int
+    #: On CUDA: a block suggested keeps every tensor under the 32-bit index limit (:mod:`blockpred.tuning.tensors`).
+    index_limited: bool = False
 
     def input_shape(self, block: Coord) -> Coord:
         """The network's input for ``block`` (a 'same' network's rounded up to the downsampling)."""
@@ -98,11 +102,14 @@ class Foresight:
 
     def fitting(self, block: Coord, batch: int, bound: int, step: Coord, least: Coord) -> Coord | None:
         """The largest block of ``block``'s proportions (each axis a multiple of ``step``, at least ``least``'s)
-        foreseen within ``bound`` bytes; None where even ``least`` is not."""
+        foreseen within ``bound`` bytes (and, :attr:`index_limited`, the index limit); None where even ``least``
+        is not."""
         least = least.minimum(block)
         candidate, factor = block, 1.0
         while True:
-            if self.bytes(candidate, batch) <= bound:
+            indexed = not self.index_limited or over_index_limit(
+                self.memory.largest_per_voxel, self.input_shape(candidate).prod(), batch) is None
+            if self.bytes(candidate, batch) <= bound and indexed:
                 return candidate
             if candidate == least:
                 return None
@@ -123,7 +130,8 @@ def foresee(cfg: RunConfig, predictor: Predictor, model_key: dict, budget: HostB
     if memory is None:
         return None
     queue = None if cuda else keeping_outputs(budget, cfg, memory.out_channels)
-    return Foresight(memory, room, halo, downsampling, queue, in_channels * np.dtype(raw_dtype).itemsize)
+    return Foresight(memory, room, halo, downsampling, queue, in_channels * np.dtype(raw_dtype).itemsize,
+                     index_limited=cuda)
 
 
 def check_limit(foresight: Foresight, least: Coord) -> None:

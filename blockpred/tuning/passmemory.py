@@ -1,7 +1,7 @@
 """The memory a pass takes, foreseen before the network runs at a block: :func:`pass_memory` and :class:`MemoryRoom`.
 
 A network's tensors grow with its input's voxels, so one pass at a small
-shape says what a pass at any block takes: :class:`~.tensors.PeakTensors`
+shape says what a pass at any block takes: :class:`~.tensors.PeakFunctions`
 counts the bytes its tensors hold at once, at their peak, with what a
 convolution holds while it runs (on the CPU, oneDNN's copies in a layout that
 pads the channels to 16), per voxel of that pass's output (a valid network's
@@ -40,7 +40,7 @@ from ..geometry import Coord
 from ..pipeline import Predictor, is_out_of_memory
 from ..pipeline.hostmem import available_bytes, resident_bytes
 from .hostbudget import HostBudget
-from .tensors import PeakTensors, weight_shapes
+from .tensors import PeakFunctions, PeakTensors, weight_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +99,13 @@ def count_pass(predictor: Predictor, in_channels: int, input_shape: Coord) -> Pa
         x = torch.zeros((1, in_channels, *input_shape), device=predictor.device)
         if predictor.memory_format == "channels_last":
             x = x.contiguous(memory_format=torch.channels_last_3d)
-        counter = PeakTensors(weight_shapes(module), held_bytes=x.numel() * x.element_size())
-        low = predictor.autocast() if predictor.backend == "torch" else contextlib.nullcontext()
-        with torch.inference_mode(), low, counter:
-            out = module(x)
+        for mode in (PeakFunctions, PeakTensors):  # a TorchScript network's calls only the dispatcher sees
+            counter = mode(weight_shapes(module), held_bytes=x.numel() * x.element_size())
+            low = predictor.autocast() if predictor.backend == "torch" else contextlib.nullcontext()
+            with torch.inference_mode(), low, counter:
+                out = module(x)
+            if counter.calls:
+                break
         out = next(t for t in torch.utils._pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor))
     except Exception as err:  # noqa: BLE001 - the dry run that follows says what is wrong
         logger.info("the network's memory was not counted at input %s: %s", "x".join(map(str, input_shape)),

@@ -7,39 +7,41 @@ from blockpred.geometry import Coord
 from blockpred.models.loading import load_model
 from blockpred.pipeline import Predictor
 from blockpred.tuning.passmemory import HEADROOM, PassMemoryCache, count_pass, pass_memory
-from blockpred.tuning.tensors import PeakTensors, weight_shapes
+from blockpred.tuning.tensors import PeakFunctions, PeakTensors, weight_shapes
 
 CPU = torch.device("cpu")
 
 
-def counted(module: torch.nn.Module, channels: int, side: int = 20) -> PeakTensors:
+def counted(module: torch.nn.Module, channels: int, side: int = 20, mode=PeakFunctions):
     x = torch.zeros(1, channels, side, side, side)
-    counter = PeakTensors(weight_shapes(module), held_bytes=x.numel() * x.element_size())
+    counter = mode(weight_shapes(module), held_bytes=x.numel() * x.element_size())
     with torch.inference_mode(), counter:
         counter.result = module(x)  # held: the live bytes end with it
     return counter
 
 
+@pytest.mark.parametrize("mode", [PeakFunctions, PeakTensors])
 @pytest.mark.parametrize("cin, cout, per_voxel", [
     pytest.param(1, 4, 4 + 16 + 64, id="input, output, and the output's copy padded to 16 channels"),
     pytest.param(16, 16, 64 + 64 + 64 + 64, id="an input of 16 channels is copied too"),
     pytest.param(4, 20, 16 + 80 + 128, id="20 channels pad to 32"),
 ])
-def test_a_convolution_is_counted_with_its_input_its_output_and_their_reordered_copies(cin, cout, per_voxel):
+def test_a_convolution_is_counted_with_its_input_its_output_and_their_reordered_copies(cin, cout, per_voxel, mode):
     conv = torch.nn.Sequential(torch.nn.Conv3d(cin, cout, 3, padding=1), torch.nn.ELU()).eval()
-    counter = counted(conv, cin)
+    counter = counted(conv, cin, mode=mode)
     assert counter.peak_bytes == per_voxel * 20**3
     assert counter.elements == cout * 20**3  # the largest tensor: the output (the weights left out)
     assert counter.live_bytes == (cin + cout) * 4 * 20**3  # the input and the result; the freed are not held
 
 
-def test_a_tensor_is_counted_once_however_many_views_it_has_and_no_longer_once_freed():
+@pytest.mark.parametrize("mode", [PeakFunctions, PeakTensors])
+def test_a_tensor_is_counted_once_however_many_views_it_has_and_no_longer_once_freed(mode):
     class Views(torch.nn.Module):
         def forward(self, x):
             y = x * 2  # 4 bytes per voxel
             return y[:, :, 1:] + y.view(-1).view(y.shape)[:, :, :-1]  # two views of y, then a new tensor
 
-    counter = counted(Views(), 1)
+    counter = counted(Views(), 1, mode=mode)
     voxels = 20**3
     assert counter.peak_bytes == (4 + 4) * voxels + 4 * 19 * 400  # x, y, and the sum over 19 planes
     assert counter.live_bytes == 4 * voxels + 4 * 19 * 400  # y was freed with its views
@@ -51,6 +53,15 @@ def test_tinys_pass_per_voxel_is_the_same_at_every_shape_and_a_fifth_of_it_is_it
     assert small.bytes_per_voxel == larger.bytes_per_voxel == HEADROOM * 164
     assert small.largest_per_voxel == 8.0 and small.out_channels == 2 and small.context == Coord((0, 0, 0))
     assert small.pass_bytes(Coord((532, 532, 532))) == int(HEADROOM * 164 * 532**3)
+
+
+def test_a_torchscript_network_is_counted_by_the_dispatcher_where_its_functions_are_not_seen():
+    scripted = torch.jit.script(load_model("tiny").module)
+    assert counted(scripted, 1, 32).calls == 0  # its calls run inside TorchScript: no torch function is seen
+    memory = count_pass(Predictor(scripted, CPU), 1, Coord((32, 32, 32)))
+    assert memory.largest_per_voxel == 8.0 and memory.out_channels == 2
+    # More than its input, its largest tensor (8 channels of float32) and that tensor's convolution copy together.
+    assert memory.bytes_per_voxel > HEADROOM * (4 + 32 + 64)
 
 
 def test_a_valid_networks_pass_is_counted_per_output_voxel_and_its_context_is_found():
