@@ -32,6 +32,7 @@ from ..tuning.defaults import Defaults, measuring_budget
 from ..tuning.hostbudget import HostBudget
 from ..tuning.memformat import FormatChoice
 from ..tuning.network import NetworkGeometry, geometry_at, probe_network
+from ..tuning.passmemory import PassMemory
 from ..tuning.tensors import over_index_limit
 from .formats import (
     BACKEND_BUDGET_FRACTION,
@@ -147,6 +148,9 @@ class Layout:
     halo: HaloChoice | None = None
     #: The network's downsampling: named, found, or stated by the model.
     downsampling: Coord = Coord((1, 1, 1))
+    #: The memory of its pass per voxel, counted for the check before the dry run (cached once the run is
+    #: accepted: :func:`blockpred.tuning.passmemory.remember`); None where not counted.
+    pass_memory: PassMemory | None = None
 
 
 def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
@@ -211,7 +215,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
         cfg, predictor, model_key_of(cfg, model), host_budget or HostBudget(cfg.memory_limit, prefetch=cfg.prefetch),
         measure_input=_valid_input_hint(model, measure_input(downsampling), field) or measure_input(
             downsampling, None if field is None else field.grid.min_shape),
-        halo=halo, downsampling=downsampling, raw_dtype=source.dtype, in_channels=in_channels, store=not plan_only)
+        halo=halo, downsampling=downsampling, raw_dtype=source.dtype, in_channels=in_channels)
     batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 1
 
     def fitted(block: Coord, origin: str) -> Coord:
@@ -298,7 +302,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
                        chunk_shape=output.write_unit)
     return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice, halo_choice,
-                  downsampling)
+                  downsampling, None if foresight is None else foresight.memory)
 
 
 def _warn_over_index_limit(geometry: NetworkGeometry, batch_size: int) -> None:

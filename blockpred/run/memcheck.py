@@ -118,15 +118,15 @@ class Foresight:
 
 
 def foresee(cfg: RunConfig, predictor: Predictor, model_key: dict, budget: HostBudget, *, measure_input: Coord,
-            halo: Coord, downsampling: Coord, raw_dtype, in_channels: int, store: bool = True) -> Foresight | None:
-    """The foresight of this run's blocks: the network counted at ``measure_input`` (or its cached count; cached
-    unless ``store`` is False) and the room of this process's memory (CUDA: the device's); None where either
-    cannot be told."""
+            halo: Coord, downsampling: Coord, raw_dtype, in_channels: int) -> Foresight | None:
+    """The foresight of this run's blocks: the network counted at ``measure_input`` (or its cached count; a new
+    count is cached by :func:`blockpred.tuning.passmemory.remember` once the run has passed every check) and the
+    room of this process's memory (CUDA: the device's); None where either cannot be told."""
     cuda = predictor.device.type == "cuda"
     room = MemoryRoom.of_device(predictor, MEMORY_FRACTION) if cuda else MemoryRoom.of_host(budget)
     if room is None:
         return None
-    memory = pass_memory(predictor, in_channels, measure_input, model_key, store=store)
+    memory = pass_memory(predictor, in_channels, measure_input, model_key, store=False)
     if memory is None:
         return None
     queue = None if cuda else keeping_outputs(budget, cfg, memory.out_channels)

@@ -41,6 +41,7 @@ from ..pipeline.markers import DoneMarkers, as_json, describe_changes, markers_p
 from ..pipeline.padding import read_padded
 from ..tuning.defaults import Defaults
 from ..tuning.hostbudget import named_block_warning, run_budget
+from ..tuning.passmemory import remember
 from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
 from .choose import network_field_of, plan_layout, start_format
 from .cpu_precision import LOW, compare_with_fp32, openvino_bf16, slow_precision_warning
@@ -400,6 +401,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         layouts = MEMORY_FORMATS if cfg.memory_format in ("auto", None) else (cfg.memory_format,)
         format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape),
                                       layouts=layouts, backends=("torch", "openvino") if backend_open else ("torch",))
+    if not plan_only:  # every check passed: the count the memory check made is kept for the next run
+        remember(layout.pass_memory)
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
                     resumed, previous, masked, format_choice, precision_note, work)
 

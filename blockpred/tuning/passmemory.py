@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..cache import JsonFile, default_cache_dir, digest
@@ -65,6 +65,8 @@ class PassMemory:
     #: The input the count ran at.
     input_shape: Coord
     cached: bool = False
+    #: What it is cached under (:func:`remember`).
+    key: dict | None = field(default=None, compare=False, repr=False)
 
     def pass_bytes(self, input_shape: Coord, batch: int = 1) -> int:
         """Bytes a pass of ``batch`` blocks of ``input_shape`` is foreseen to take."""
@@ -74,8 +76,9 @@ class PassMemory:
 def pass_memory(predictor: Predictor, in_channels: int, input_shape: Coord, key: dict,
                 cache: "PassMemoryCache | None" = None, store: bool = True) -> PassMemory | None:
     """The memory a pass of ``predictor``'s network takes per voxel: cached under ``key`` (the model's), else
-    counted in one pass at ``input_shape`` (small: milliseconds) and cached unless ``store`` is False (``blockpred
-    plan`` writes nothing).  None where that pass fails (the network's dry run then says why)."""
+    counted in one pass at ``input_shape`` (small: milliseconds) and cached, unless ``store`` is False: then
+    :func:`remember` caches it once the run has passed its checks (a refused run writes nothing).  None where that
+    pass fails (the network's dry run then says why)."""
     cache = cache if cache is not None else PassMemoryCache()
     full_key = {"version": CACHE_VERSION, "model": key, "in_channels": in_channels, "device": predictor.device.type,
                 "precision": predictor.precision if predictor.backend == "torch" else "fp32",
@@ -84,9 +87,17 @@ def pass_memory(predictor: Predictor, in_channels: int, input_shape: Coord, key:
     if found is not None:
         return found
     counted = count_pass(predictor, in_channels, Coord(input_shape))
-    if counted is not None and store:
-        cache.put(full_key, counted)
+    if counted is not None:
+        counted = replace(counted, key=full_key)
+        if store:
+            cache.put(full_key, counted)
     return counted
+
+
+def remember(memory: PassMemory | None, cache: "PassMemoryCache | None" = None) -> None:
+    """Cache a count :func:`pass_memory` made and did not store (nothing where it was read from the cache)."""
+    if memory is not None and not memory.cached and memory.key is not None:
+        (cache if cache is not None else PassMemoryCache()).put(memory.key, memory)
 
 
 def count_pass(predictor: Predictor, in_channels: int, input_shape: Coord) -> PassMemory | None:

@@ -2,10 +2,11 @@
 
 The checks' rules on a foresight whose numbers are given (no outcome depends on this machine's memory), then
 the command itself: a declared 100000^3 volume whose named block no memory holds ends in one line, in a child
-process whose peak resident memory is read from the kernel (``wait4``).
+process whose peak resident memory is read from the kernel (``wait4``, by a small process in between).
 """
 
-import os
+import json
+import logging
 import re
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import zarr
 
+from blockpred.cache import default_cache_dir
 from blockpred.cli import main
 from blockpred.errors import MemoryBudgetError
 from blockpred.geometry import Coord
@@ -23,6 +25,11 @@ from blockpred.tuning.passmemory import MemoryRoom, PassMemory
 from tests.helpers import ROOT, child_env, write_test_volume
 
 MIB, GIB = 2**20, 2**30
+#: Runs its arguments as a child and prints its exit code and peak resident memory (KiB).  A child's peak counts the
+#: memory of the process it was started from until its exec (Linux keeps that mark): a small process in between
+#: keeps the test process's own memory out of it.
+PEAK_OF_CHILD = ("import os, subprocess, sys; child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
+                 "_, status, usage = os.wait4(child.pid, 0); print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)")
 STEP = Coord((2, 2, 2))
 LEAST = Coord((16, 16, 16))
 
@@ -94,6 +101,23 @@ def test_a_memory_limit_below_what_one_block_takes_is_one_line_and_nothing_is_wr
     assert not (tmp_path / "out.zarr").exists()
 
 
+def test_a_run_keeps_its_count_for_the_next_and_a_refused_run_or_a_plan_keeps_nothing(tmp_path, capsys, caplog):
+    volume = write_test_volume(tmp_path / "in.zarr/raw", np.zeros((16, 32, 32), np.uint8))
+    cached = default_cache_dir() / "passes.json"
+    common = [volume, str(tmp_path / "out.zarr"), "--config", "tiny", "--device", "cpu", "--no-progress"]
+    with caplog.at_level(logging.INFO, logger="blockpred.tuning.passmemory"):
+        assert main(["plan", *common]) == 0
+        assert main(["run", *common, "--channels", "0,5"]) == 2  # refused after the count: nothing kept
+        assert not cached.exists()
+        assert main(["run", *common]) == 0
+        assert cached.exists() and len(json.loads(cached.read_text())) == 1
+        counts = [r for r in caplog.records if r.getMessage().startswith("memory of a pass at input 32x32x32")]
+        assert len(counts) == 3
+        assert main(["run", *common, "--overwrite"]) == 0
+    assert len([r for r in caplog.records if r.getMessage().startswith("memory of a pass")]) == 3  # read, not run
+    capsys.readouterr()
+
+
 def test_plan_never_runs_the_network_at_the_block_it_plans(tmp_path, capsys):
     volume = write_test_volume(tmp_path / "in.zarr/raw", np.zeros((64, 128, 128), np.uint8))
     log = tmp_path / "shapes.log"
@@ -116,12 +140,11 @@ def test_a_block_no_memory_holds_ends_in_one_line_before_its_dry_run_with_a_smal
     verb, *options = command
     args = [sys.executable, "-m", "blockpred", verb, str(tmp_path / "huge.zarr/raw"), str(tmp_path / "out.zarr"),
             "--model", "tiny", "--device", "cpu", "--no-progress", *options]
-    with open(tmp_path / "stderr", "w") as stderr:
-        child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr, cwd=ROOT, env=child_env())
-    _, status, usage = os.wait4(child.pid, 0)  # the child's own peak resident memory
-    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    err = (tmp_path / "stderr").read_text().strip()
-    assert child.returncode == 2 and len(err.splitlines()) == 1, err
+    result = subprocess.run([sys.executable, "-c", PEAK_OF_CHILD, *args], capture_output=True, text=True, cwd=ROOT,
+                            env=child_env())
+    code, peak_kib = map(int, result.stdout.split())
+    err = result.stderr.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
     assert "is foreseen to take" in err and re.search(r"--block \d+,\d+,\d+ is foreseen at", err), err
-    assert usage.ru_maxrss * 1024 < 2 * GIB  # Linux: kibibytes
+    assert peak_kib * 1024 < 2 * GIB  # Linux: kibibytes
     assert not (tmp_path / "out.zarr").exists()
