@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 a block failed while running (the message names it);
 2 bad input or options (one line saying what is wrong and how to fix it; nothing
-is written).
+is written); 129, 130, 143 ended by SIGHUP, Ctrl-C, SIGTERM.  The process around
+it (standard streams, log lines, signals, the exit) is :mod:`blockpred.process`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import signal
 import sys
-import time
 from pathlib import Path
 
 from . import __version__
 from .errors import one_line
+from .process import SIGNAL_EXIT_CODES, StandardStreams, end_on_signals, exit_now, log_to_stderr, process_start_time
 
 logger = logging.getLogger("blockpred")
 
@@ -133,6 +132,14 @@ _RUN_KEYS = ("model", "weights", "model_kwargs", "trust_pickle", "block", "halo"
              "progress_json", "tta", "backend", "plane", "memory_limit")
 
 
+class _UsageError(SystemExit):
+    """A usage error, its one line printed: exit code 2, as argparse's own."""
+
+    def __init__(self, line: str):
+        super().__init__(2)
+        self.line = line
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line like every other bad input (exit code 2), and a flag is
     never guessed from its beginning (``--over`` is not ``--overwrite``): the parser and, as their
@@ -142,7 +149,9 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **{**kwargs, "allow_abbrev": False})
 
     def error(self, message: str):
-        self.exit(2, f"blockpred: error: {message} (see '{self.prog} --help')\n")
+        line = f"{message} (see '{self.prog} --help')"
+        print(f"blockpred: error: {line}", file=sys.stderr)
+        raise _UsageError(line)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,18 +259,20 @@ def _run(args: argparse.Namespace) -> int:
     from .run.runner import predict
 
     options = {key: getattr(args, key) for key in _RUN_KEYS}
-    summary = predict(args.input, args.output, config=args.config, start_time=_process_start_time(None), **options)
-    _say(json.dumps({"ok": True, **summary.as_dict()}) if args.json else summary)
+    summary = predict(args.input, args.output, config=args.config, start_time=process_start_time(None), **options)
+    _say(_json({"ok": True, **summary.as_dict()}, args) if args.json else summary)
     return 0
 
 
 def _say(text) -> None:
-    """``text`` on standard output, if there still is one: a closed one (``>&-``) or a reader gone (``| head``)
-    takes nothing, and the work done stands."""
-    try:
-        print(text, flush=True)
-    except (BrokenPipeError, ValueError):  # ValueError: a closed file
-        sys.stdout = None
+    """``text`` on standard output, at once (standard output is auxiliary: see :mod:`blockpred.process`)."""
+    print(text, flush=True)
+
+
+def _json(report: dict, args: argparse.Namespace) -> str:
+    """``report`` as the JSON line of ``--json``, with what went wrong with stderr, if anything did."""
+    warnings = getattr(args, "stream_warnings", None)
+    return json.dumps({**report, "warnings": list(warnings)} if warnings else report)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -319,7 +330,7 @@ def _check_model(args: argparse.Namespace) -> int:
             lines.append(f"note      {halo.warning()}")
         report.update({"plane": loaded.plane, "grid_how": None if field is None else list(field.grid.how),
                        "sizes": None if field is None else field.grid.sizes_taken(), **halo.as_dict()})
-    print(json.dumps(report) if args.json else "\n".join(lines))
+    print(_json(report, args) if args.json else "\n".join(lines))
     return 0
 
 
@@ -355,9 +366,23 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with StandardStreams(json_output=_asks_json(argv)) as streams:
+        try:
+            args = build_parser().parse_args(argv)
+        except _UsageError as usage:  # its line is on stderr; with --json, the JSON error object too
+            if streams.json_output:
+                _say(json.dumps({"ok": False, "error": usage.line, "exit_code": usage.code}))
+            raise
+        args.stream_warnings = streams.warnings
+        undo_logging = log_to_stderr(verbose=args.verbose or args.debug)
+        try:
+            return _command(args)
+        finally:
+            undo_logging()
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         commands = {"run": _run, "plan": _plan, "bench": _bench, "demo": _demo, "check-model": _check_model,
                     "serve": _serve}
@@ -366,16 +391,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         return _failed(args, one_line(err), getattr(err, "exit_code", 1))
-    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: a local cluster's workers never see them (cluster.nanny)
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM or SIGHUP: a local cluster's workers never see them
         resume = "; finished blocks are kept: run the same command again to resume" if args.command == "run" else ""
         return _failed(args, f"{str(err) or 'interrupted'}{resume}", 128 + getattr(err, "signal_number", 2), "")
+
+
+def _asks_json(argv: list[str]) -> bool:
+    """Whether the command line asks for its result as JSON: ``--json`` after a command other than bench (whose
+    ``--json`` names a file), read before the arguments are parsed, so that a usage error is JSON too."""
+    words = [i for i, word in enumerate(argv) if not word.startswith("-")]
+    return bool(words) and argv[words[0]] != "bench" and "--json" in argv[words[0] + 1:]
 
 
 def _failed(args: argparse.Namespace, line: str, code: int, kind: str = "error: ") -> int:
     """The failure in one line on stderr, and with ``--json`` as JSON on standard output; the exit code."""
     print(f"blockpred: {kind}{line}", file=sys.stderr)
     if getattr(args, "json", None) is True:  # run's and check-model's flag (bench's --json names a file)
-        _say(json.dumps({"ok": False, "error": line, "exit_code": code}))
+        _say(_json({"ok": False, "error": line, "exit_code": code}, args))
     return code
 
 
@@ -393,57 +425,13 @@ def console() -> int:
     from .pipeline.hostmem import keep_freed_memory
 
     keep_freed_memory()  # before any large array: see blockpred.pipeline.hostmem
-    signal.signal(signal.SIGTERM, _terminate)  # SLURM, Kubernetes and kill send it first: ended as Ctrl-C is
+    end_on_signals()  # SIGTERM and SIGHUP: ended as Ctrl-C is
     code = main()
-    if sys.stdout is not None:
-        try:
-            sys.stdout.flush()
-        except (BrokenPipeError, ValueError):
-            sys.stdout = None
     gc.freeze()
-    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        _exit_now(code)
+    if code in SIGNAL_EXIT_CODES:
+        exit_now(code)
     return code
 
 
-def _exit_now(code: int) -> None:
-    """End an interrupted command at once.  A network pass on the CPU runs on a worker thread of
-    :mod:`concurrent.futures` (see :meth:`blockpred.pipeline.infer.Predictor.submit`), which the interpreter joins
-    at exit: a dry run or a block of minutes kept the process alive after its "interrupted" line.  atexit's
-    handlers still run (an object store's buffered done marks are written), then the process ends."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (BrokenPipeError, ValueError):
-            pass
-    os._exit(code)
-
-
-def _terminate(signum, frame) -> None:
-    from .errors import Terminated
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise Terminated()
-
-
-def _process_start_time(fallback: float | None) -> float | None:
-    """When this process started (``time.time()``): the command's start-up includes the interpreter and imports.
-
-    From the process's age in clock ticks since boot against the uptime (both 10 ms); psutil's
-    ``create_time`` adds the boot time, which /proc gives in whole seconds.
-    """
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-            age = float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):  # not Linux: from predict's start instead
-        return fallback
-    return time.time() - max(0.0, age)
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(console())
-

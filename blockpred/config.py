@@ -90,8 +90,7 @@ class RunConfig:
     num_writers: int | None = None
     #: Blocks read ahead of the device; with the batch and pending writes this bounds memory.
     prefetch: int = 4
-    #: Peak resident memory ("2GB", "1.5GiB"): a block foreseen over it is refused before it runs (run.memcheck), and
-    #: the CPU's trials keep to it; None: half the free per worker for the trials (tuning.hostbudget).
+    #: Peak resident memory ("2GB"): a block foreseen over it is refused (run.memcheck), and the trials keep to it.
     memory_limit: int | None = None
     overwrite: bool = False
     progress: bool = True
@@ -419,7 +418,8 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file() and path.parent == Path(".") and path.stem in shipped_configs():
         path = SHIPPED_CONFIGS / f"{path.stem}.yaml"
     if not path.is_file():
-        raise InputNotFoundError(f"config file {str(path)!r} does not exist; blockpred's own are named "
+        what = "is a directory, not a YAML file of run options (block: 64 ...)" if path.is_dir() else "does not exist"
+        raise InputNotFoundError(f"config {str(path)!r} {what}; blockpred's own are named "
                                  f"{', '.join(shipped_configs())} (e.g. --config tiny)")
     try:
         raw = yaml.safe_load(path.read_text()) or {}

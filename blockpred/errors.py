@@ -109,10 +109,11 @@ def _rebuild_block_failed(block_index, message, failed, permanent=False):
 #: errno values of faults a retry does not cure: no space, no quota, no permission, a read-only file system.
 PERMANENT_ERRNOS = frozenset({28, 122, 13, 1, 30})  # ENOSPC, EDQUOT, EACCES, EPERM, EROFS
 #: The same, as the text of errors that carry no errno (tensorstore's), and chunks that do not decode.
-_PERMANENT_TEXTS = ("no space left on device", "disk quota exceeded", "permission denied", "operation not permitted",
-                    "read-only file system", "data_loss", "error decoding", "decompress", "corrupt",
-                    # an object store that did not answer any of a request's retries (about a minute of them)
-                    "retry attempts failed", "cannot reach the object store")
+_OS_TEXTS = ("no space left on device", "disk quota exceeded", "permission denied", "operation not permitted",
+             "read-only file system")
+_PERMANENT_TEXTS = _OS_TEXTS + ("data_loss", "error decoding", "decompress", "corrupt",
+                                # an object store that did not answer any of a request's retries (about a minute)
+                                "retry attempts failed", "cannot reach the object store")
 
 
 #: CUDA errors after which the device is unusable in the process ("sticky" errors): every later call fails too.
@@ -193,6 +194,17 @@ def os_reason(error: BaseException) -> tuple[str, str]:
             "check the path and the file system")
 
 
+def os_fault(error: BaseException | None) -> tuple[str, str] | None:
+    """:func:`os_reason` for the first of ``error`` and its causes that is a fault of the file system a retry
+    does not cure (a full disk, a quota, a refused permission, a read-only file system), else None."""
+    for cause in _causes(error):
+        number = getattr(cause, "errno", None) if isinstance(cause, OSError) else None
+        text = str(cause).lower()
+        if number in PERMANENT_ERRNOS or any(words in text for words in _OS_TEXTS):
+            return os_reason(cause)
+    return None
+
+
 def output_error(error: BaseException, doing: str, output: str) -> "OutputAccessError":
     """One line for an OS-level failure while ``doing`` something to ``output``: what failed and how to fix it."""
     reason, fix = os_reason(error)
@@ -219,12 +231,22 @@ class Terminated(KeyboardInterrupt):
         super().__init__(message)
 
 
+class HungUp(Terminated):
+    """SIGHUP (a closed terminal, a lost SSH session, ``kill -HUP``), ended as SIGTERM is, with exit code 129."""
+
+    signal_number = 1
+
+    def __init__(self, message: str = "hung up (SIGHUP)"):
+        super().__init__(message)
+
+
 def one_line(err: BaseException) -> str:
     """An error as the one line the user sees: blockpred's own say what to do; others are named, with the cure."""
     if isinstance(err, BlockpredError):
         return str(err)
     if isinstance(err, BlockFailedError):
-        cause = f" ({type(err.__cause__).__name__})" if err.__cause__ is not None else ""
+        named = err.__cause__ is not None and os_fault(err.__cause__) is None  # a full disk needs no class name
+        cause = f" ({type(err.__cause__).__name__})" if named else ""
         return f"{err}{cause}; every other block is kept: run the same command again to compute only what is missing"
     if isinstance(err, OwnershipLostError):
         return str(err)

@@ -30,11 +30,15 @@ The destination is auxiliary, and it is handled so:
 * a FIFO is opened without waiting for its reader: with none, one warning
   and the run goes on without events;
 * a reader that goes away (a closed pipe) or stops reading for
-  :data:`STALLED_S` ends the events with one warning; the run goes on.
+  :data:`STALLED_S`, a full disk or any other failure to write or close it
+  ends the events with one warning naming the file and why
+  ("cannot write the progress file X: its file system is full"); the run,
+  its output and its exit code are as they would be without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -124,7 +128,7 @@ class ProgressEvents:
         except OSError as err:
             why = ("it is a FIFO that no process reads; start the reader first" if err.errno == errno.ENXIO
                    else err.strerror)
-            logger.warning("--progress-json %s cannot be written (%s): the run goes on without progress events",
+            logger.warning("cannot write the progress file %s (%s): the run goes on without progress events",
                            destination, why)
             return None
         return fd
@@ -180,7 +184,11 @@ class ProgressEvents:
         with self._lock:
             fd, self._fd = self._fd, None
         if fd is not None and self._destination != "-":
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError as err:  # a file system that reports a failed write only now (NFS)
+                logger.warning("cannot write the progress file %s (%s); the run is not affected",
+                               self._destination, _why(err))
 
     def __enter__(self) -> "ProgressEvents":
         return self
@@ -196,14 +204,26 @@ class ProgressEvents:
             try:
                 _write_all(self._fd, line.encode())
             except OSError as err:  # progress is auxiliary: the run goes on without it
-                why = ("its reader went away" if err.errno in (errno.EPIPE, errno.ECONNRESET) else
-                       f"its reader read nothing for {STALLED_S:.0f} s" if err.errno == errno.ETIMEDOUT
-                       else err.strerror)
-                logger.warning("--progress-json %s: %s; the run goes on without progress events",
-                               self._destination, why)
+                logger.warning("cannot write %s: %s; the run goes on without progress events",
+                               "the progress events to stderr" if self._destination == "-"
+                               else f"the progress file {self._destination}", _why(err))
                 if self._destination != "-":
-                    os.close(self._fd)
+                    with contextlib.suppress(OSError):
+                        os.close(self._fd)
                 self._fd = None
+
+
+def _why(err: OSError) -> str:
+    """Why a progress file could not be written, in a few words."""
+    if err.errno in (errno.EPIPE, errno.ECONNRESET):
+        return "its reader went away"
+    if err.errno == errno.ETIMEDOUT:
+        return f"its reader read nothing for {STALLED_S:.0f} s"
+    if err.errno == errno.ENOSPC:
+        return "its file system is full"
+    if err.errno == errno.EDQUOT:
+        return "its disk quota is used up"
+    return err.strerror or str(err)
 
 
 def _write_all(fd: int, data: bytes) -> None:

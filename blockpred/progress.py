@@ -1,9 +1,19 @@
-"""The progress bar of a run: an observer the runner calls as blocks finish."""
+"""The progress bar of a run: an observer the runner calls as blocks finish.
+
+The bar is auxiliary: where stderr cannot be written (a full disk behind
+``2>log``, a terminal gone), tqdm's error ends the bar with one warning and
+the run goes on, from the pipeline's threads too (the ``blockpred`` command
+guards its streams itself: :mod:`blockpred.process`; this is for callers of
+:func:`blockpred.predict`).
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+
+logger = logging.getLogger(__name__)
 
 
 class ProgressBar:
@@ -22,30 +32,52 @@ class ProgressBar:
             return None
         from tqdm.auto import tqdm
 
-        self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
+        try:
+            self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
+        except (OSError, ValueError) as err:
+            self._drop(err)
         return self._update
 
     def _update(self, blocks: int, voxels: int, worker: str | None = None) -> None:
         with self._lock:
+            if self._bar is None:
+                return
             now = time.perf_counter()
             if self._first is None:  # rate from the first finished block: start-up is not throughput
                 self._first = (now, voxels)
             self._voxels += voxels
             since, counted = self._first
-            if now > since:
-                rate = (self._voxels - counted) / (now - since) / 1e6
-                self._bar.set_postfix_str(f"{rate:.2f} Mvox/s", refresh=False)
-            self._bar.update(blocks)
+            try:
+                if now > since:
+                    rate = (self._voxels - counted) / (now - since) / 1e6
+                    self._bar.set_postfix_str(f"{rate:.2f} Mvox/s", refresh=False)
+                self._bar.update(blocks)
+            except (OSError, ValueError) as err:
+                self._drop(err)
+
+    def _drop(self, error: BaseException) -> None:
+        """No bar from here on, and one warning (which may not be written either: it is logged, not raised)."""
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            bar.disable = True  # tqdm's close would draw the bar once more
+        logger.warning("the progress bar cannot be drawn on stderr (%s); the run goes on without it",
+                       getattr(error, "strerror", None) or error)
 
     def write(self, line: str) -> None:
         """``line`` on stderr, above the bar while there is one (a plain print would be drawn over)."""
         import sys
 
-        if self._bar is not None:
-            self._bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr)
+        try:
+            if self._bar is not None:
+                self._bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr)
+        except (OSError, ValueError):  # stderr is gone: the line with it
+            pass
 
     def __exit__(self, *exc):
         if self._bar is not None:
-            self._bar.close()
+            try:
+                self._bar.close()
+            except (OSError, ValueError):
+                pass

@@ -26,12 +26,37 @@ _SESSION_CACHE = tempfile.mkdtemp(prefix="blockpred-test-cache-")
 os.environ["BLOCKPRED_CACHE_DIR"] = _SESSION_CACHE
 
 
+def pytest_configure(config):
+    """Under CI=true, a session where a required dependency or ../shared/realdata is missing fails at once (see
+    tests/ci.py): no test may skip for it there."""
+    from tests.ci import ON_CI, missing_requirements
+
+    if ON_CI and (unmet := missing_requirements()):
+        raise pytest.UsageError(f"CI=true, and what the suite needs is missing: {'; '.join(unmet)}. Install the "
+                                f"project with its test extra (pip install -e '.[test]') and put ../shared/realdata "
+                                f"beside the checkout")
+
+
+def pytest_runtest_setup(item):
+    from tests.ci import missing
+
+    for mark in item.iter_markers("needs"):
+        if not mark.kwargs["present"]:
+            missing(mark.kwargs["what"])
+
+
 def pytest_addoption(parser):
     parser.addoption("--slurm", action="store_true", default=False,
                      help="run the tests marked slurm, against a real SLURM (root starts one: see tests/cluster/test_slurm.py)")
 
 
 def pytest_collection_modifyitems(config, items):
+    from tests.ci import ON_CI
+
+    for item in items:  # a missing need, as a skip mark: the summary then names the test (under CI: set-up fails)
+        missing = [mark.kwargs["what"] for mark in item.iter_markers("needs") if not mark.kwargs["present"]]
+        if missing and not ON_CI:
+            item.add_marker(pytest.mark.skip(reason=f"{missing[0]} is missing"))
     if config.getoption("--slurm"):
         return
     skip = pytest.mark.skip(reason="a SLURM test: run with --slurm (.ci/run does, after the suite)")
@@ -91,3 +116,48 @@ def immutable():
     for path in marked:
         if path.exists():
             subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+class SmallDisk:
+    """A real file system of its own, a tmpfs of a few MiB mounted in a test's directory (see :func:`tmpfs`)."""
+
+    def __init__(self, path: Path, size: str):
+        self.path = path
+        self.size = size
+
+    def fill(self, left_bytes: int = 0) -> None:
+        """Fill the disk up to ``left_bytes`` free (a file named ``filler``)."""
+        stats = os.statvfs(self.path)
+        with open(self.path / "filler", "ab") as filler:
+            filler.write(b"\0" * max(0, stats.f_bavail * stats.f_frsize - left_bytes))
+
+    def resize(self, size: str) -> None:
+        """Grow (or shrink) the disk to ``size`` ("8m"), keeping what it holds: space freed, as an operator would."""
+        import subprocess
+
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True, capture_output=True)
+        self.size = size
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size="2m", name="disk", **options)``: a real, small tmpfs (root only; skipped where it cannot be
+    mounted) as a :class:`SmallDisk`; every disk is unmounted after the test."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(size: str = "2m", name: str = "disk", **options) -> SmallDisk:
+        path = tmp_path / name
+        path.mkdir()
+        flags = ",".join([f"size={size}"] + [f"{key}={value}" for key, value in options.items()])
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", flags, "tmpfs", str(path)], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounted.append(path)
+        return SmallDisk(path, size)
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,7 @@ from zarr.storage import LocalStore
 
 from blockpred.io import create_volume, open_volume, parse_volume_path
 
-ROOT = Path(__file__).resolve().parent.parent
-#: Trained networks and real volumes nobody here wrote, beside the checkout (see its README).
-REALDATA = ROOT.parent / "shared" / "realdata"
+from tests.ci import REALDATA, ROOT  # noqa: F401 - the tests import them from here too
 
 
 def child_env(*first: str | Path) -> dict[str, str]:
@@ -88,6 +87,63 @@ def run_blockpred(*args: str, cwd: str | Path | None = None, env: dict | None = 
 
     return subprocess.run([sys.executable, "-m", "blockpred", *map(str, args)], cwd=cwd, env=env or child_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+#: How long a test waits for what takes seconds before it calls it a hang.  Far beyond any wait on a loaded machine,
+#: it decides nothing about speed: it only turns a hang into a failure that names what was awaited.
+HANG_S = 300.0
+
+
+def wait_for(condition, what: str, *, process: subprocess.Popen | None = None, limit_s: float = HANG_S,
+             poll_s: float = 0.05):
+    """Poll ``condition()`` until it is truthy, and return that value.  Fails where ``process`` ended first (with
+    the end of its stderr), and, as a hang, after ``limit_s`` (see :data:`HANG_S`): no timing is asserted."""
+    import pytest
+
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            err = process.communicate()[1] if process.stderr is not None else ""
+            err = err.decode(errors="replace") if isinstance(err, bytes) else (err or "")
+            pytest.fail(f"the process ended (exit {process.returncode}) before {what}: {err[-3000:]}", pytrace=False)
+        if time.monotonic() > deadline:
+            pytest.fail(f"hung: no {what} after {limit_s:g} s", pytrace=False)
+        time.sleep(poll_s)
+
+
+def done_blocks(output: str | Path) -> set:
+    """The blocks an output's markers call finished (written, or skipped as empty): what a resume leaves out."""
+    from blockpred.pipeline.markers import DoneMarkers, markers_path
+
+    markers = DoneMarkers.open(markers_path(parse_volume_path(str(output))))
+    return set() if markers is None else markers.finished_indices()
+
+
+def assert_resumed(said: str, output: str | Path, clean, *, num_blocks: int, done_before: int,
+                   atol: float = 0.0) -> None:
+    """A resume of ``output`` ran exactly the blocks the markers left to do, and finished it as a clean run does.
+
+    ``said``: the resume's summary line (``predicted ... in N blocks (M already done) ...``), which must count
+    ``num_blocks - done_before`` blocks predicted and ``done_before`` already done; every block is marked done
+    afterwards; the output equals ``clean`` (a clean run's output path, or its data), bit for bit or within
+    ``atol`` (runs in other processes, or on dask workers, round the last bit their own way).
+    """
+    import re
+
+    found = re.search(r"in (\d+) blocks(?: \(([^)]*)\))? in ", said)
+    assert found is not None, f"no summary line in: {said}"
+    resumed = re.search(r"(\d+) already done", found.group(2) or "")
+    assert (int(found.group(1)), int(resumed.group(1)) if resumed else 0) == (num_blocks - done_before, done_before), \
+        f"expected {num_blocks - done_before} blocks predicted and {done_before} already done: {found.group(0)}"
+    assert len(done_blocks(output)) == num_blocks, "a block is not marked done after the resume"
+    expected = read_volume(clean) if isinstance(clean, (str, Path)) else clean
+    if atol:
+        np.testing.assert_allclose(read_volume(output), expected, rtol=0, atol=atol)
+    else:
+        np.testing.assert_array_equal(read_volume(output), expected)
 
 
 def error_line(stderr: str) -> str:

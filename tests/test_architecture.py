@@ -17,10 +17,10 @@ PACKAGE = ROOT / "blockpred"
 LAYERS = {
     "core": 0,       # geometry, errors, choices, cache, events, progress, normalize: the shared vocabulary
     "io": 1, "models": 2, "pipeline": 3, "config": 4, "tuning": 5, "cluster": 5, "run": 6, "bench": 7, "serve": 7,
-    "entry": 8,      # cli, demo, __init__, __main__
+    "entry": 8,      # cli, process, demo, __init__, __main__
 }
 CORE = {"geometry", "errors", "choices", "cache", "events", "progress", "normalize"}
-ENTRY = {"cli", "demo", "__init__", "__main__"}
+ENTRY = {"cli", "process", "demo", "__init__", "__main__"}
 MAX_TOP_LEVEL = 12
 MAX_LINES = 500
 

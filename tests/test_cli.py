@@ -56,6 +56,8 @@ def _bad_cases(tmp_path, volume):
         pytest.param([volume, existing], "exists; pass --overwrite", id="existing-output"),
         pytest.param([volume, volume + "/inside"], "inside the input array", id="output-inside-input"),
         pytest.param([volume, "--model", str(tmp_path / "nope.pt")], "does not exist", id="missing-model"),
+        pytest.param([volume, "--config", str(tmp_path)], "is a directory, not a YAML file of run options",
+                     id="config-directory"),
         pytest.param([volume, "--model", str(corrupt)], "corrupt", id="corrupt-model"),
         pytest.param([volume, "--model", str(pickled)], "--trust-pickle", id="pickle-without-trust"),
         pytest.param([two_channels], "input channel", id="channel-mismatch"),

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci import missing
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 MAX_README_LINES = 350
@@ -16,7 +18,7 @@ MAX_README_LINES = 350
 
 def test_the_docs_site_builds_strictly_without_a_warning(tmp_path):
     if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed (pip install -e '.[test]')")
+        missing("mkdocs (the test extra: pip install -e '.[test]')")
     # Material prints a banner about MkDocs 2.0 on every build; it is no warning of ours.
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     result = subprocess.run(

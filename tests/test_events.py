@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from blockpred.cli import main
-from tests.helpers import write_test_volume
+from tests.helpers import assert_resumed, write_test_volume
 
 _COUNT = {"type": "integer", "minimum": 0}
 _RATE = {"type": ["number", "null"], "minimum": 0}
@@ -109,10 +109,14 @@ def test_a_failed_block_ends_with_the_error_and_the_same_command_resumes_only_it
     fault.unlink()
     capsys.readouterr()
     assert main(command) == 0
+    said = capsys.readouterr().out
     events = _events(events_path)  # written anew by the resume
     start, end = events[0], events[-1]
     assert (start["blocks"], start["blocks_todo"], start["blocks_resumed"]) == (32, 1, 31)
     assert end["ok"] is True and end["summary"]["resumed_blocks"] == 31 and end["summary"]["predicted_blocks"] == 1
+    clean = str(tmp_path / "clean.zarr")  # the same command on a fresh output, the fault gone
+    assert main([clean if arg == command[2] else arg for arg in command[:-2]]) == 0
+    assert_resumed(said, command[2], clean, num_blocks=32, done_before=31)
 
 
 @pytest.mark.slow

@@ -7,10 +7,14 @@
 * **Reached quickly, or refused in one line.** dask retries a connection for
   ``distributed.comm.timeouts.connect`` (30 s) before it gives up: right for
   a run that reconnects, but a wrong port would wait half a minute and then
-  read as a file system error.  :func:`connect` first shakes hands with the
-  scheduler within :data:`FIRST_CONNECT_S` (or dask's timeout, if shorter)
-  and says so in one line when nothing answers; only then does it open the
-  client, which keeps dask's lenient timeout for the rest of the run.
+  read as a file system error.  :func:`connect` first opens a plain TCP
+  connection to the address's host and port: a refused connection (nothing
+  listens there) or a host name that does not resolve is one line at once,
+  never retried.  Then it shakes hands with the scheduler within
+  :data:`FIRST_CONNECT_S` (or dask's timeout, if shorter: a scheduler that is
+  slow to answer, a host that drops packets) and says so in one line when
+  nothing answers; only then does it open the client, which keeps dask's
+  lenient timeout for the rest of the run.
 
 Nothing here imports dask at module level.
 """
@@ -18,6 +22,9 @@ Nothing here imports dask at module level.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import socket
 import threading
 
 from ..errors import InvalidOptionError
@@ -81,6 +88,7 @@ def reach(address: str, timeout_s: float) -> None:
     from distributed.comm import connect as open_comm
 
     async def handshake() -> None:
+        await _listening(address, timeout_s)
         # dask's connect retries for timeout_s; the bound after it is for a peer that accepts and never answers
         comm = await asyncio.wait_for(open_comm(address, timeout=timeout_s), timeout_s + 1.0)
         await comm.close()
@@ -98,12 +106,48 @@ def reach(address: str, timeout_s: float) -> None:
     thread.join()
     if not failures:
         return
+    if isinstance(failures[0], _NotListening):
+        raise InvalidOptionError(
+            f"no dask scheduler at {address}: {failures[0]}; start one there (`dask scheduler` prints its "
+            f"address) or check --scheduler"
+        ) from None
     if isinstance(failures[0], OSError):  # dask's "Timed out trying to connect", or asyncio's TimeoutError
         raise InvalidOptionError(
             f"no dask scheduler answered at {address} within {timeout_s:g} s{_reason(failures[0])}; "
             f"start one there (`dask scheduler` prints its address) or check --scheduler"
         ) from failures[0]
     raise failures[0]
+
+
+class _NotListening(OSError):
+    """Nothing listens at the address, or its host has no address: known at the first try, never retried."""
+
+
+async def _listening(address: str, timeout_s: float) -> None:
+    """Open and close a plain TCP connection to the host and port of ``address`` (an IP transport's: tcp, tls, ws);
+    raise :class:`_NotListening` when it is refused, the host does not resolve or cannot be reached, and a
+    ``TimeoutError`` when nothing answered within ``timeout_s`` (a host that drops the packets)."""
+    from distributed.comm import parse_address
+    from distributed.comm.registry import get_backend
+
+    scheme, location = parse_address(address)
+    try:
+        host, port = get_backend(scheme).get_address_host_port(location)
+    except NotImplementedError:  # no host and port (inproc, ucx): dask's to reach
+        return
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except ConnectionRefusedError:
+        raise _NotListening("the connection was refused (nothing listens on that port)") from None
+    except socket.gaierror as err:
+        raise _NotListening(f"its host {host!r} has no address ({err.strerror})") from None
+    except asyncio.TimeoutError:
+        raise OSError(errno.ETIMEDOUT, "no answer to a TCP connection") from None
+    except OSError as err:  # no route to the host, the network down: known at once too
+        raise _NotListening(err.strerror or str(err)) from None
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
 
 
 def _reason(error: BaseException) -> str:

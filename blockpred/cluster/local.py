@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..errors import ClusterError, InvalidOptionError
-from .address import check_scheduler_address, connect
+from .address import check_scheduler_address, connect, first_connect_s, reach
 from .distributed_setup import dask_log_level, import_distributed, quiet_dask  # noqa: F401
 
 if TYPE_CHECKING:
@@ -64,9 +64,11 @@ class Cluster:
 
     def __init__(self, device: str, num_workers: int | None, scheduler_address: str | None,
                  jobs: "JobSettings | None" = None):
-        # Refused here, before anything starts: an address that is not one, more workers than devices.
+        # Refused here, before anything starts: an address that is not one or where no scheduler answers (at once
+        # where nothing listens, else within the first handshake's timeout), more workers than devices.
         if scheduler_address is not None:
             check_scheduler_address(scheduler_address)
+            reach(scheduler_address, first_connect_s())  # milliseconds where a scheduler answers
         envs = local_worker_envs(device, num_workers) if scheduler_address is None and jobs is None else None
         self.scheduler_address = scheduler_address
         self._hidden = contextlib.ExitStack()

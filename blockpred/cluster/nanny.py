@@ -6,11 +6,11 @@
   imports) fails the nanny's start, and with it the whole local cluster.
   :class:`SteadyNanny` starts it again, up to :data:`START_ATTEMPTS` times;
   the run goes on with the other workers meanwhile.
-* **Ctrl-C and SIGTERM are the client's.**  A terminal sends SIGINT to every
-  process of the foreground group (and a batch system or ``kill -TERM -PGID``
-  SIGTERM): to the client and to each worker, which would die with a
-  traceback in the middle of its task (and be restarted by its nanny while
-  the client shuts down).  A worker process starts with both blocked
+* **Ctrl-C, SIGTERM and SIGHUP are the client's.**  A terminal sends SIGINT
+  to every process of the foreground group (a batch system or ``kill -TERM
+  -PGID`` SIGTERM, a closed terminal SIGHUP): to the client and to each
+  worker, which would die with a traceback in the middle of its task (and be
+  restarted by its nanny while the client shuts down).  A worker process starts with all three blocked
   instead (its nanny stops it by a message, then SIGKILL): a thread's signal mask is inherited by the threads it
   starts and kept across fork and exec, and the nanny spawns its worker from
   a thread it starts in its event loop.  The client, interrupted, closes the
@@ -76,17 +76,22 @@ class SteadyNanny(Nanny):
 
 
 def _block_interrupts() -> None:
-    """Block SIGINT and SIGTERM in this thread (the nanny's event loop), so the worker processes spawned from it
-    start so.
+    """Block SIGINT, SIGTERM and SIGHUP in this thread (the nanny's event loop), so the worker processes spawned
+    from it start so.
 
-    multiprocessing's resource tracker unblocks SIGINT in the thread that
-    starts it (its own start blocks it for a moment): it is started first.
-    Blocking SIGINT in a thread other than the main thread costs nothing: Python
-    runs its handlers in the main thread only, and the kernel delivers a
-    process's SIGINT to a thread that does not block it.  (In the main thread,
-    a cluster started in an asyncio program, it is left alone.)
+    multiprocessing's resource tracker unblocks SIGINT and SIGTERM in the
+    thread that starts it (its own start blocks them for a moment, and the
+    tracker ignores both): it is started first, with SIGHUP blocked, which it
+    keeps (a tracker a terminal's SIGHUP ended is started again by the next
+    worker, and every later unregistration of the workers' semaphores prints
+    a KeyError's traceback).  Blocking these signals in a thread other than
+    the main thread costs nothing: Python runs its handlers in the main thread
+    only, and the kernel delivers a process's signal to a thread that does not
+    block it.  (In the main thread, a cluster started in an asyncio program,
+    it is left alone.)
     """
     if threading.current_thread() is threading.main_thread():
         return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     resource_tracker.ensure_running()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})

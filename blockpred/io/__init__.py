@@ -26,6 +26,7 @@ from ..errors import InvalidOptionError
 from .base import (
     SUPPORTED_INPUT_DTYPES,
     SUPPORTED_OUTPUT_DTYPES,
+    NewVolume,
     Volume,
     VolumePath,
     check_input_volume,
@@ -133,17 +134,9 @@ def create_volume(
         if any(s % c for s, c in zip(shards, chunks)):
             raise InvalidOptionError(f"shard_shape {shards} must be a multiple of chunk_shape {chunks}")
         extra["shard_shape"] = lead + shards
-    return _backend(vpath).create_volume(
-        vpath,
-        shape=lead + spatial,
-        chunk_shape=lead + chunks,
-        dtype=dtype,
-        compression=name,
-        voxel_size=voxel,
-        overwrite=overwrite,
-        fill_value=fill_value,
-        **extra,
-    )
+    new = NewVolume(shape=lead + spatial, chunk_shape=lead + chunks, dtype=dtype, compression=name, voxel_size=voxel,
+                    fill_value=fill_value, overwrite=overwrite)
+    return _backend(vpath).create_volume(vpath, new, **extra)
 
 
 def supports_sharding(path: str | Path | VolumePath, zarr_format: int | None = None) -> bool:

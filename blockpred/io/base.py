@@ -35,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import InvalidOptionError, InvalidVolumeError
+from ..errors import InvalidOptionError, InvalidVolumeError, OutputExistsError
 from ..geometry import Box, Coord
 from .stores import ObjectUrl, StorageOptions, is_url, parse_url
 
@@ -257,12 +257,39 @@ def _is_precomputed_directory(path: Path) -> bool:
     return isinstance(info, dict) and info.get("@type") == "neuroglancer_multiscale_volume"
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewVolume:
+    """What a volume to be created is, checked once by :func:`blockpred.io.create_volume` for every backend."""
+
+    #: Full rank: (z, y, x) or (c, z, y, x); the channel axis is one chunk.
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype
+    #: One of zstd, gzip, blosc, raw; each backend's docstring says what it writes for each.
+    compression: str
+    #: (z, y, x), or None for none.
+    voxel_size: tuple[float, ...] | None
+    fill_value: object
+    #: Replace a volume at the path (only it, see :func:`make_room`).
+    overwrite: bool
+
+
+def make_room(path: VolumePath, new: NewVolume, exists: bool, remove) -> None:
+    """Before a backend creates ``new`` at ``path``: an existing volume there (``exists``) is refused, or with
+    ``new.overwrite`` removed by ``remove(path)``."""
+    if exists:
+        if not new.overwrite:
+            raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
+        remove(path)
+
+
 class Volume(abc.ABC):
     """A chunked 3D volume with an optional leading channel axis.
 
-    Subclasses set ``path``, ``shape``, ``dtype``, ``chunk_shape`` and
-    ``voxel_size`` in ``__init__`` and implement :meth:`_read` and
-    :meth:`_write` on full-rank index tuples.
+    Subclasses call ``super().__init__(path, mode)``, set ``shape``,
+    ``dtype``, ``chunk_shape`` and ``voxel_size``, and implement
+    :meth:`_read` and :meth:`_write` (or :meth:`_write_async`) on full-rank
+    index tuples, keeping the write contract of :meth:`write_async`.
     """
 
     path: VolumePath
@@ -279,6 +306,14 @@ class Volume(abc.ABC):
     writable: bool = True
     #: True when :meth:`read_with_missing` can tell a missing (not stored) chunk from a stored one.
     counts_missing_chunks: bool = False
+
+    def __init__(self, path: VolumePath, mode: str = "r"):
+        self.path = path
+        self._mode = mode
+        self.writable = mode == "r+"
+
+    def __reduce__(self):  # a volume travels (to a dask worker) as its path and mode, and opens again there
+        return (type(self), (self.path, self._mode))
 
     @property
     def ndim(self) -> int:
@@ -324,14 +359,19 @@ class Volume(abc.ABC):
         return self.read(box), ()
 
     def write(self, box: Box, data: np.ndarray) -> None:
-        """Write ``data`` (all channels) into ``box`` (spatial); returns once the data is stored."""
+        """Write ``data`` (all channels) into ``box`` (spatial); returns once the data is durable (see
+        :meth:`write_async`), raises the write's error."""
         self._write(self._index(box), self._checked(box, data))
 
     def write_async(self, box: Box, data: np.ndarray) -> Future:
-        """Start writing ``data`` into ``box``; the future completes (or fails) once the data is stored.
+        """Start writing ``data`` into ``box``: **the write contract** every backend keeps.
 
-        ``data`` must not change until then.  Backends with :attr:`async_writes`
-        return at once; the others write before they return a finished future.
+        The future completes once the data is *durable* -- on disk, where neither a ``kill -9`` of this
+        process nor a crash of the machine takes it (tensorstore's commit, which fsyncs; HDF5's flush and
+        fsync) -- and fails with the write's error otherwise (a full disk included).  A block is marked
+        done only after its future completed (:class:`blockpred.pipeline.writer.BlockWriter` is the one
+        caller that does), so a mark always vouches for data that is there.  ``data`` must not change until
+        then.  Backends with :attr:`async_writes` return at once; the others may write before they return.
         """
         return self._write_async(self._index(box), self._checked(box, data))
 
@@ -347,7 +387,8 @@ class Volume(abc.ABC):
     def _read(self, index: tuple[slice, ...]) -> np.ndarray: ...
 
     @abc.abstractmethod
-    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None: ...
+    def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
+        """Write ``data`` at ``index``; return once it is durable (:meth:`write_async`'s contract)."""
 
     def _write_async(self, index: tuple[slice, ...], data: np.ndarray) -> Future:
         future: Future = Future()

@@ -1,20 +1,15 @@
 """HDF5 volumes through h5py, e.g. ``file.h5:/raw``.
 
-One file, two volumes.  The input and the output may be datasets of the same
-file in the same process (``f.h5:/raw`` in, ``f.h5:/prediction`` out), but
-HDF5 refuses to open a file twice in different modes.  So every
-:class:`HDF5Volume` borrows its ``h5py.File`` from one process-wide registry
-(:data:`OPEN_FILES`), keyed by the file itself (one key for every name of
-it: symlinks, hard links).  The first writer
-upgrades a read-only handle to mode ``"a"`` (close, reopen); volumes look
-their dataset up on every call, so an upgrade never leaves them a stale
-handle.  The file is closed when its last volume closes.
-
-h5py allows no concurrent writers, so ``parallel_writes`` is False, and every
-HDF5 call runs under the registry's lock (h5py serialises them anyway).
+Every volume borrows its file's one handle from :data:`~blockpred.io.hdf5_files.OPEN_FILES` (see
+:mod:`.hdf5_files`: the input and the output may be datasets of one file; the writer lock; SWMR; durable
+writes), so every HDF5 call runs under the registry's lock.  h5py allows no concurrent writers, so
+``parallel_writes`` is False.  A write returns a future that completes once the data is durable: the file
+flushed and fsynced, in groups (:meth:`HDF5Volume.write_async`).
 
 New datasets (:func:`create`):
 
+* a new file is made in HDF5 1.10's format (superblock 3), which SWMR needs: HDF5 1.10 (2016) and newer read
+  it, 1.8 does not.
 * compression: HDF5 has no built-in zstd, so ``zstd`` (the default) is
   written as **gzip level 1** (fast, most of gzip's ratio); ``gzip`` is gzip
   level 4 (h5py's default); both add the byte shuffle filter for multi-byte
@@ -30,16 +25,15 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import weakref
-from contextlib import contextmanager
-from typing import Iterator
+from concurrent.futures import Future
 
 import h5py
 import numpy as np
 
-from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
-from .base import Volume, VolumePath, spatial_voxel_size
+from ..errors import InputNotFoundError, InvalidOptionError
+from .base import NewVolume, Volume, VolumePath, make_room, spatial_voxel_size
+from .hdf5_files import OPEN_FILES
 
 log = logging.getLogger(__name__)
 
@@ -50,82 +44,17 @@ _COMPRESSION = {
 }
 
 
-class _OpenFiles:
-    """Process-wide, thread-safe ``h5py.File`` handles: one per file, counted by users."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self._files: dict[str, h5py.File] = {}
-        self._users: dict[str, int] = {}
-
-    def file(self, key: str, writable: bool) -> h5py.File:
-        """The open handle of ``key``, upgraded to mode "a" if ``writable``; hold :attr:`lock`."""
-        handle = self._files.get(key)
-        if handle is not None and handle.id.valid:
-            if not writable or handle.mode == "r+":
-                return handle
-            log.debug("reopening %s for writing", key)
-            handle.close()
-        try:
-            handle = h5py.File(key, "a" if writable else "r")
-        except OSError as error:
-            self._files.pop(key, None)
-            raise InvalidVolumeError(
-                f"{key!r} must be an HDF5 file that this process can open; h5py failed: {error}"
-            ) from error
-        self._files[key] = handle
-        return handle
-
-    def acquire(self, key: str, writable: bool) -> None:
-        with self.lock:
-            self.file(key, writable)
-            self._users[key] = self._users.get(key, 0) + 1
-
-    def release(self, key: str) -> None:
-        with self.lock:
-            users = self._users.get(key, 0) - 1
-            if users > 0:
-                self._users[key] = users
-                return
-            self._users.pop(key, None)
-            handle = self._files.pop(key, None)
-            if handle is not None and handle.id.valid:
-                handle.close()
-                log.debug("closed %s", key)
-
-    @contextmanager
-    def borrowed(self, key: str, writable: bool) -> Iterator[h5py.File]:
-        """The handle for the length of a ``with`` block, under the lock."""
-        with self.lock:
-            self.acquire(key, writable)
-            try:
-                yield self.file(key, writable)
-            finally:
-                self.release(key)
-
-    def open_keys(self) -> list[str]:
-        """Files open now (for tests and debugging)."""
-        with self.lock:
-            return sorted(self._files)
-
-
-#: The registry every HDF5Volume borrows its file from.
-OPEN_FILES = _OpenFiles()
-
-
 class HDF5Volume(Volume):
     """A dataset in an HDF5 file."""
 
     parallel_writes = False
 
     def __init__(self, path: VolumePath, mode: str = "r"):
-        self.path = path
-        self._mode = mode
-        self.writable = mode == "r+"
+        super().__init__(path, mode)
         if not path.container.is_file():
             raise InputNotFoundError(f"no HDF5 file at {str(path.container)!r}; check the path")
         self._key = _key(path)
-        OPEN_FILES.acquire(self._key, self.writable)
+        OPEN_FILES.acquire(self._key, "write" if self.writable else "read")
         self._release = weakref.finalize(self, OPEN_FILES.release, self._key)
         try:
             with OPEN_FILES.lock:
@@ -142,7 +71,7 @@ class HDF5Volume(Volume):
         log.debug("opened %r", self)
 
     def _dataset(self) -> h5py.Dataset:
-        handle = OPEN_FILES.file(self._key, self.writable)
+        handle = OPEN_FILES.file(self._key, "read")
         node = handle.get(self.path.dataset) if self.path.dataset else None
         if not isinstance(node, h5py.Dataset):
             if not self.path.dataset:
@@ -160,15 +89,24 @@ class HDF5Volume(Volume):
             return self._dataset()[index]
 
     def _write(self, index: tuple[slice, ...], data: np.ndarray) -> None:
+        self._write_async(index, data).result()
+
+    def _write_async(self, index: tuple[slice, ...], data: np.ndarray) -> Future:
+        """Write into HDF5's caches now; the future completes once a flush and an fsync of the file made it
+        durable (or fails with their error: see :mod:`.hdf5_files`)."""
         with OPEN_FILES.lock:
-            self._dataset()[index] = data
+            writer = OPEN_FILES.writer(self._key)
+            writer.check()
+            try:
+                self._dataset()[index] = data
+            except OSError as error:  # HDF5's state after a failed write is not to be trusted
+                writer.failed = error
+                raise
+            return writer.commit(OPEN_FILES.lock)
 
     def close(self) -> None:
         """Give the file back to the registry, which closes it after its last user."""
         self._release()
-
-    def __reduce__(self):
-        return (type(self), (self.path, self._mode))
 
 
 def open_volume(path: VolumePath, mode: str = "r") -> HDF5Volume:
@@ -179,7 +117,7 @@ def volume_exists(path: VolumePath) -> bool:
     """True when ``path`` names a dataset of an existing HDF5 file."""
     if not path.dataset or not path.container.is_file():
         return False
-    with OPEN_FILES.borrowed(_key(path), writable=False) as handle:
+    with OPEN_FILES.borrowed(_key(path), "read") as handle:
         return isinstance(handle.get(path.dataset), h5py.Dataset)
 
 
@@ -191,50 +129,35 @@ def remove_volume(path: VolumePath) -> None:
         )
     if not path.container.is_file():
         return
-    with OPEN_FILES.borrowed(_key(path), writable=True) as handle:
+    with OPEN_FILES.borrowed(_key(path), "change") as handle:
         _remove(handle, path)
 
 
-def create_volume(
-    path: VolumePath,
-    *,
-    shape: tuple[int, ...],
-    chunk_shape: tuple[int, ...],
-    dtype: np.dtype,
-    compression: str,
-    voxel_size: tuple[float, ...] | None,
-    overwrite: bool,
-    fill_value,
-) -> HDF5Volume:
+def create_volume(path: VolumePath, new: NewVolume) -> HDF5Volume:
     """Create the dataset at ``path`` (see the module docstring) and open it ``r+``."""
     if not path.dataset:
         raise InvalidOptionError(
             f"an HDF5 output needs a dataset name, got {str(path)!r}; write e.g. '{path.container}:/prediction'"
         )
-    if compression not in _COMPRESSION:
+    if new.compression not in _COMPRESSION:
         raise InvalidOptionError(
-            f"HDF5 output supports compression zstd (written as gzip level 1), gzip or raw; got {compression!r}"
+            f"HDF5 output supports compression zstd (written as gzip level 1), gzip or raw; got {new.compression!r}"
         )
     path.container.parent.mkdir(parents=True, exist_ok=True)
-    with OPEN_FILES.borrowed(_key(path), writable=True) as handle:
-        if path.dataset in handle:
-            if not overwrite:
-                raise OutputExistsError(
-                    f"{str(path)!r} exists; pass overwrite to replace it, or choose another output"
-                )
-            _remove(handle, path)
+    with OPEN_FILES.borrowed(_key(path), "change") as handle:
+        make_room(path, new, path.dataset in handle, lambda _: _remove(handle, path))
         dataset = handle.create_dataset(
             path.dataset,
-            shape=shape,
-            dtype=dtype,
-            chunks=tuple(min(c, s) for c, s in zip(chunk_shape, shape)),
-            fillvalue=fill_value,
-            shuffle=bool(_COMPRESSION[compression]) and dtype.itemsize > 1,
-            **_COMPRESSION[compression],
+            shape=new.shape,
+            dtype=new.dtype,
+            chunks=tuple(min(c, s) for c, s in zip(new.chunk_shape, new.shape)),
+            fillvalue=new.fill_value,
+            shuffle=bool(_COMPRESSION[new.compression]) and new.dtype.itemsize > 1,
+            **_COMPRESSION[new.compression],
         )
-        if voxel_size is not None:
-            dataset.attrs["resolution"] = np.asarray(voxel_size, dtype=np.float64)
-        log.info("created HDF5 dataset %s shape=%s chunks=%s dtype=%s", path, shape, dataset.chunks, dtype)
+        if new.voxel_size is not None:
+            dataset.attrs["resolution"] = np.asarray(new.voxel_size, dtype=np.float64)
+        log.info("created HDF5 dataset %s shape=%s chunks=%s dtype=%s", path, new.shape, dataset.chunks, new.dtype)
         return HDF5Volume(path, "r+")
 
 

@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import tensorstore as ts
 
-from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError
 from . import metadata, stores
-from .base import VolumePath, spatial_voxel_size
+from .base import NewVolume, VolumePath, make_room, spatial_voxel_size
 from .metadata import N5_FILES, UnreadableMetadataError
 from .stores import ObjectUrl
 from .tensorstore_io import TensorstoreVolume, context, kvstore, open_store
@@ -64,9 +64,7 @@ class N5Volume(TensorstoreVolume):
     async_writes = True
 
     def __init__(self, path: VolumePath, mode: str = "r"):
-        self.path = path
-        self._mode = mode
-        self.writable = mode == "r+"
+        super().__init__(path, mode)
         attributes = _dataset_attributes(path)
         try:
             on_disk = open_store(_spec(path), writable=self.writable)
@@ -83,9 +81,6 @@ class N5Volume(TensorstoreVolume):
         self.chunk_shape = tuple(int(n) for n in attributes["blockSize"][::-1])
         self.voxel_size = _voxel_size(attributes)
         log.debug("opened %r", self)
-
-    def __reduce__(self):
-        return (type(self), (self.path, self._mode))
 
 
 def open_volume(path: VolumePath, mode: str = "r") -> N5Volume:
@@ -131,45 +126,33 @@ def remove_volume(path: VolumePath) -> None:
     log.info("removed N5 dataset %s", path)
 
 
-def create_volume(
-    path: VolumePath,
-    *,
-    shape: tuple[int, ...],
-    chunk_shape: tuple[int, ...],
-    dtype: np.dtype,
-    compression: str,
-    voxel_size: tuple[float, ...] | None,
-    overwrite: bool,
-    fill_value,
-) -> N5Volume:
+def create_volume(path: VolumePath, new: NewVolume) -> N5Volume:
     """Create the dataset at ``path`` (see the module docstring) and open it ``r+``."""
     if not path.dataset:
         raise InvalidOptionError(
             f"an N5 output needs a dataset inside the container, got {str(path)!r}; "
             f"name one, e.g. {str(path.sibling('prediction'))!r}"
         )
-    if dtype == np.float16:
+    if new.dtype == np.float16:
         raise InvalidOptionError("N5 has no float16 data type; write float32 (or uint8) to N5, or use zarr")
-    if dtype.name not in _DATA_TYPES:
-        raise InvalidOptionError(f"N5 data types are {', '.join(_DATA_TYPES)}; got {dtype}")
-    if fill_value not in (0, None):
-        raise InvalidOptionError(f"N5 has no fill value (missing blocks read as 0); got fill_value={fill_value!r}")
+    if new.dtype.name not in _DATA_TYPES:
+        raise InvalidOptionError(f"N5 data types are {', '.join(_DATA_TYPES)}; got {new.dtype}")
+    if new.fill_value not in (0, None):
+        raise InvalidOptionError(f"N5 has no fill value (missing blocks read as 0); got fill_value={new.fill_value!r}")
     directory = _directory(path)
-    if (_read_attributes(directory) is not None) if path.is_remote else directory.exists():
-        if not overwrite:
-            raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
-        remove_volume(path)
+    make_room(path, new, (_read_attributes(directory) is not None) if path.is_remote else directory.exists(),
+              remove_volume)
     _ensure_container(path.container)
     metadata = {
-        "dimensions": list(shape[::-1]),
-        "blockSize": list(chunk_shape[::-1]),
-        "dataType": dtype.name,
-        "compression": _COMPRESSION[compression],
+        "dimensions": list(new.shape[::-1]),
+        "blockSize": list(new.chunk_shape[::-1]),
+        "dataType": new.dtype.name,
+        "compression": _COMPRESSION[new.compression],
     }
-    if voxel_size is not None:
-        metadata["resolution"] = [float(v) for v in voxel_size[::-1]] + [1.0] * (len(shape) - 3)
+    if new.voxel_size is not None:
+        metadata["resolution"] = [float(v) for v in new.voxel_size[::-1]] + [1.0] * (len(new.shape) - 3)
     ts.open({**_spec(path), "metadata": metadata}, create=True, context=context()).result()
-    log.info("created N5 dataset %s shape=%s chunks=%s dtype=%s", path, shape, chunk_shape, dtype)
+    log.info("created N5 dataset %s shape=%s chunks=%s dtype=%s", path, new.shape, new.chunk_shape, new.dtype)
     return N5Volume(path, "r+")
 
 

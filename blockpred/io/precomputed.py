@@ -45,9 +45,9 @@ import math
 import numpy as np
 import tensorstore as ts
 
-from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputExistsError
+from ..errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError
 from . import stores
-from .base import VolumePath, spatial_voxel_size
+from .base import NewVolume, VolumePath, make_room, spatial_voxel_size
 from .tensorstore_io import TensorstoreVolume, context, kvstore, open_store
 
 log = logging.getLogger(__name__)
@@ -65,9 +65,7 @@ class PrecomputedVolume(TensorstoreVolume):
     async_writes = True
 
     def __init__(self, path: VolumePath, mode: str = "r"):
-        self.path = path
-        self._mode = mode
-        self.writable = mode == "r+"
+        super().__init__(path, mode)
         info = _read_info(path)
         if info is None:
             raise InputNotFoundError(
@@ -97,9 +95,6 @@ class PrecomputedVolume(TensorstoreVolume):
         # tensorstore reads a missing shard as the fill value even when told not to fill (see .tensorstore_io).
         self.counts_missing_chunks = "sharding" not in scale
         log.debug("opened %r", self)
-
-    def __reduce__(self):
-        return (type(self), (self.path, self._mode))
 
 
 def open_volume(path: VolumePath, mode: str = "r") -> PrecomputedVolume:
@@ -136,53 +131,42 @@ def remove_volume(path: VolumePath) -> None:
     log.info("removed precomputed volume %s", path)
 
 
-def create_volume(
-    path: VolumePath,
-    *,
-    shape: tuple[int, ...],
-    chunk_shape: tuple[int, ...],
-    dtype: np.dtype,
-    compression: str,
-    voxel_size: tuple[float, ...] | None,
-    overwrite: bool,
-    fill_value,
-) -> PrecomputedVolume:
+def create_volume(path: VolumePath, new: NewVolume) -> PrecomputedVolume:
     """Create a one-scale precomputed volume at ``path`` (see the module docstring) and open it ``r+``."""
-    check_output(path, dtype)
-    if fill_value not in (0, None):
+    check_output(path, new.dtype)
+    if new.fill_value not in (0, None):
         raise InvalidOptionError(
-            f"precomputed has no fill value (missing chunks read as 0); got fill_value={fill_value!r}"
+            f"precomputed has no fill value (missing chunks read as 0); got fill_value={new.fill_value!r}"
         )
-    if _read_info(path) is not None:  # an info that is no precomputed volume raises: not ours to replace
-        if not overwrite:
-            raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
-        remove_volume(path)
-    size = [int(n) for n in shape[-3:][::-1]]
-    chunk = [int(n) for n in chunk_shape[-3:][::-1]]
+    # (an info that is no precomputed volume raises: not ours to replace)
+    make_room(path, new, _read_info(path) is not None, remove_volume)
+    size = [int(n) for n in new.shape[-3:][::-1]]
+    chunk = [int(n) for n in new.chunk_shape[-3:][::-1]]
     scale = {
         "key": _SCALE_KEY,
         "size": size,
         "voxel_offset": [0, 0, 0],
         "chunk_size": chunk,
-        "resolution": [1.0, 1.0, 1.0] if voxel_size is None else [float(v) for v in voxel_size[::-1]],
+        "resolution": [1.0, 1.0, 1.0] if new.voxel_size is None else [float(v) for v in new.voxel_size[::-1]],
         "encoding": "raw",
     }
-    if compression != "raw":
+    if new.compression != "raw":
         scale["sharding"] = _one_chunk_shards(size, chunk)
-    num_channels = int(shape[0]) if len(shape) == 4 else 1
+    num_channels = int(new.shape[0]) if len(new.shape) == 4 else 1
     spec = {
         "driver": "neuroglancer_precomputed",
         "kvstore": kvstore(path),
-        "multiscale_metadata": {"type": "image", "data_type": dtype.name, "num_channels": num_channels},
+        "multiscale_metadata": {"type": "image", "data_type": new.dtype.name, "num_channels": num_channels},
         "scale_metadata": scale,
     }
     ts.open(spec, create=True, context=context()).result()
-    if len(shape) == 4 and shape[0] == 1:
+    if len(new.shape) == 4 and new.shape[0] == 1:
         store = ts.KvStore.open(kvstore(path), context=context()).result()
         info = json.loads(store.read("info").result().value)
         info["blockpred"] = {"axes": _CHANNEL_AXES}
         store.write("info", json.dumps(info).encode()).result()
-    log.info("created precomputed volume %s shape=%s chunks=%s dtype=%s", path, shape, chunk_shape, dtype)
+    log.info("created precomputed volume %s shape=%s chunks=%s dtype=%s", path, new.shape, new.chunk_shape,
+             new.dtype)
     return PrecomputedVolume(path, "r+")
 
 

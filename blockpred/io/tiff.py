@@ -353,5 +353,5 @@ def remove_volume(path: VolumePath) -> None:
     raise read_only_error(path)
 
 
-def create_volume(path: VolumePath, **options) -> TiffVolume:
+def create_volume(path: VolumePath, new=None, **options) -> TiffVolume:
     raise read_only_error(path)

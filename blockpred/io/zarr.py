@@ -50,11 +50,10 @@ from ..errors import (
     InputNotFoundError,
     InvalidOptionError,
     InvalidVolumeError,
-    OutputExistsError,
 )
 from ..geometry import Coord
 from . import kvzarr, metadata, stores
-from .base import Volume, VolumePath, spatial_voxel_size
+from .base import NewVolume, Volume, VolumePath, make_room, spatial_voxel_size
 from .metadata import PARSE_ERRORS, UnreadableMetadataError
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
 from .tensorstore_io import TensorstoreVolume, kvstore, open_store
@@ -70,9 +69,7 @@ class ZarrVolume(TensorstoreVolume):
     parallel_writes = True
 
     def __init__(self, path: VolumePath, mode: str = "r"):
-        self.path = path
-        self._mode = mode
-        self.writable = mode == "r+"
+        super().__init__(path, mode)
         self._array, self.voxel_size = _open_array(path, mode)
         self.shape = tuple(self._array.shape)
         self.dtype = np.dtype(self._array.dtype)
@@ -99,9 +96,6 @@ class ZarrVolume(TensorstoreVolume):
         if self._store is None:
             return Volume._write_async(self, index, data)
         return super()._write_async(index, data)
-
-    def __reduce__(self):
-        return (type(self), (self.path, self._mode))
 
 
 def _tensorstore(path: VolumePath, array: zarr.Array, writable: bool):
@@ -191,20 +185,8 @@ def remove_volume(path: VolumePath) -> None:
     log.info("removed zarr volume %s", path)
 
 
-def create_volume(
-    path: VolumePath,
-    *,
-    shape: tuple[int, ...],
-    chunk_shape: tuple[int, ...],
-    dtype: np.dtype,
-    compression: str,
-    voxel_size: tuple[float, ...] | None,
-    overwrite: bool,
-    zarr_format: int | None,
-    ome: bool,
-    fill_value,
-    shard_shape: tuple[int, ...] | None = None,
-) -> ZarrVolume:
+def create_volume(path: VolumePath, new: NewVolume, *, zarr_format: int | None, ome: bool,
+                  shard_shape: tuple[int, ...] | None = None) -> ZarrVolume:
     """Create the volume at ``path`` (see the module docstring) and open it ``r+``."""
     fmt = container_format(path, zarr_format)
     store = _store(path)
@@ -214,34 +196,31 @@ def create_volume(
             f"is an array; write to a new container or remove that one"
         )
     if _node(store, path.dataset) is not None:
-        if not overwrite:
-            raise OutputExistsError(f"{str(path)!r} exists; pass overwrite to replace it, or choose another output")
-        remove_volume(path)
+        make_room(path, new, True, remove_volume)
         store = _store(path)
     array_name = path.dataset
     attributes: dict = {}
     if ome:
-        zarr.create_group(
-            store, path=path.dataset, zarr_format=fmt, attributes=image_attributes(len(shape), voxel_size, fmt)
-        )
+        zarr.create_group(store, path=path.dataset, zarr_format=fmt,
+                          attributes=image_attributes(len(new.shape), new.voxel_size, fmt))
         array_name = f"{path.dataset}/{SCALE_PATH}" if path.dataset else SCALE_PATH
-    elif voxel_size is not None:
-        attributes["resolution"] = list(voxel_size)
+    elif new.voxel_size is not None:
+        attributes["resolution"] = list(new.voxel_size)
     zarr.create_array(
         store,
         name=array_name,
-        shape=shape,
-        chunks=chunk_shape,
+        shape=new.shape,
+        chunks=new.chunk_shape,
         shards=shard_shape,
-        dtype=dtype,
-        compressors=_compressor(compression, fmt),
-        fill_value=fill_value,
+        dtype=new.dtype,
+        compressors=_compressor(new.compression, fmt),
+        fill_value=new.fill_value,
         zarr_format=fmt,
-        dimension_names=axis_names(len(shape)) if fmt == 3 else None,
+        dimension_names=axis_names(len(new.shape)) if fmt == 3 else None,
         attributes=attributes,
     )
-    log.info("created zarr v%s volume %s shape=%s chunks=%s shards=%s dtype=%s", fmt, path, shape, chunk_shape,
-             shard_shape, dtype)
+    log.info("created zarr v%s volume %s shape=%s chunks=%s shards=%s dtype=%s", fmt, path, new.shape,
+             new.chunk_shape, shard_shape, new.dtype)
     return ZarrVolume(path, "r+")
 
 

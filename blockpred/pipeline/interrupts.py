@@ -12,15 +12,18 @@ minutes).  A SIGINT at a random moment of a pipeline of 256 tiny blocks,
 whose main thread is busy submitting, hung it within the first ten such
 interrupts in each of eight tries; deferred as below, none of 781 did.
 
-So while :func:`deferred_interrupts` is active, SIGINT and SIGTERM are only
-noted; the pipeline calls :meth:`Interrupts.check` between blocks, where it
-holds no lock, and the signal's own handler runs there (Python's raises
-``KeyboardInterrupt``; the CLI's SIGTERM handler raises
+So while :func:`deferred_interrupts` is active, SIGINT, SIGTERM and SIGHUP
+are only noted; the pipeline calls :meth:`Interrupts.check` between blocks,
+where it holds no lock, and the signal's own handler runs there (Python's
+raises ``KeyboardInterrupt``; the CLI's SIGTERM and SIGHUP handler raises
 :class:`blockpred.errors.Terminated`).  The waits in between are bounded by
 the pipeline's progress (a read, a batch, a write), so a Ctrl-C takes effect
 within about one batch, as before: an interrupted run always waited for the
-batch on the device and the writes in flight.  A second signal runs its
-handler at once: who presses Ctrl-C twice gets the old behaviour.
+batch on the device and the writes in flight.  That wait can be long (a
+block of 19 s on a CPU), so the first signal says at once, in one line on
+stderr, that the run stops after the blocks in flight and how to stop it now
+(:func:`noted_line`).  A second signal runs its handler at once: the run
+ends without waiting for those blocks (they are done again by a resume).
 
 Only in the main thread (the only one where Python runs signal handlers),
 and only for signals with a Python handler: one ignored (a background job
@@ -30,12 +33,30 @@ of a non-interactive shell ignores SIGINT) or left to the system stays so.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
 
-#: The signals deferred: a terminal's Ctrl-C, and what batch systems and ``kill`` send first.
-DEFERRED = (signal.SIGINT, signal.SIGTERM)
+#: The signals deferred: a terminal's Ctrl-C, what batch systems and ``kill`` send first, a terminal closed.
+DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def noted_line(signum: int) -> str:
+    """What the first signal says at once: the run stops after the blocks in flight, and how to stop it now."""
+    if signum == signal.SIGINT:
+        return "blockpred: stopping after the blocks in flight; Ctrl-C again to stop now"
+    return f"blockpred: {signal.Signals(signum).name}: stopping after the blocks in flight; send it again to stop now"
+
+
+def _say_at_once(line: str) -> None:
+    """``line`` on stderr from a signal handler: written to the file descriptor, not through ``sys.stderr``, whose
+    buffer the main thread may be inside of (Python raises "reentrant call" there); a stderr that cannot be written
+    takes nothing.  On a terminal, the line first clears the one it is on (a progress bar, redrawn below)."""
+    try:
+        os.write(2, (("\r\x1b[K" if os.isatty(2) else "") + line + "\n").encode())
+    except OSError:
+        pass
 
 
 class Interrupts:
@@ -61,6 +82,8 @@ class Interrupts:
         self._noted.append(signum)
         if len(self._noted) > 1:  # asked twice: at once, wherever the main thread is
             self._act(self._restore())
+        else:
+            _say_at_once(noted_line(signum))
 
     def _restore(self) -> dict[int, Callable]:
         """The handlers back in place (from here on signals act at once, as outside a pipeline); returns them."""
@@ -78,7 +101,7 @@ class Interrupts:
 
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[Interrupts]:
-    """SIGINT and SIGTERM deferred to :meth:`Interrupts.check` (see the module docstring) until the block ends;
+    """SIGINT, SIGTERM and SIGHUP deferred to :meth:`Interrupts.check` (see the module docstring) until the block ends;
     one noted and not yet acted on (after the last check, or as the handlers went back) is acted on as it ends.
     Outside the main thread nothing is deferred."""
     interrupts = Interrupts()

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BlockFailedError
+from ..errors import BlockFailedError, first_line, os_fault
 from ..io import stores
 from ..io.base import Volume
 from .blocking import Block
@@ -18,17 +18,22 @@ from .blocking import Block
 class BlockWriter:
     """Writes each block's cropped output into ``sink`` at the block's write box.
 
-    A sink with asynchronous writes (tensorstore: zarr, N5) encodes and stores
-    on its own thread pool: ``submit`` starts the write and returns.  Any other
-    sink (HDF5) is written by ``num_threads`` threads of this writer (one when
-    the sink has no parallel writes).  Either way at most ``max_pending``
+    Every sink keeps one contract (:meth:`~blockpred.io.base.Volume.write_async`):
+    the write's future completes once the data is durable, and fails with the
+    write's error.  A sink with asynchronous writes (tensorstore: zarr, N5,
+    precomputed) encodes and stores on its own thread pool: ``submit`` starts
+    the write and returns.  Any other sink (HDF5) starts its writes on
+    ``num_threads`` threads of this writer (one when the sink has no parallel
+    writes); its futures complete when the sink has made them durable (HDF5:
+    a flush and an fsync, in groups).  Either way at most ``max_pending``
     blocks are being written at once: ``submit`` blocks the caller beyond that
     (back-pressure, so memory stays bounded).
 
-    When a block's write is stored, ``on_written(block, seconds)`` runs (from
-    whichever thread finished it), never before; then ``release()``, if the
-    block was submitted with one, says its buffer may be reused.  A failed
-    write calls ``on_failed(block, error)`` instead and the others go on.
+    This is the one place a block's write is declared done: when its future
+    completes, ``on_written(block, seconds)`` runs (from whichever thread
+    completed it), never before; then ``release()``, if the block was
+    submitted with one, says its buffer may be reused.  A failed write calls
+    ``on_failed(block, error)`` instead and the others go on.
     """
 
     def __init__(
@@ -63,22 +68,17 @@ class BlockWriter:
                 self._finish(block, start, release, err)
                 return
         if self._pool is not None:
-            self._pool.submit(self._write_now, block, data, start, release)
-            return
+            self._pool.submit(self._start, block, data, start, release)
+        else:
+            self._start(block, data, start, release)
+
+    def _start(self, block: Block, data: np.ndarray, start: float, release) -> None:
         try:
             future = self._sink.write_async(block.write_box, data)
-        except Exception as err:  # noqa: BLE001 - a bad box or data fails its block only
+        except Exception as err:  # noqa: BLE001 - a bad box, data or a failed write fails its block only
             self._finish(block, start, release, err)
             return
         future.add_done_callback(lambda done: self._finish(block, start, release, done.exception()))
-
-    def _write_now(self, block: Block, data: np.ndarray, start: float, release) -> None:
-        error = None
-        try:
-            self._sink.write(block.write_box, data)
-        except Exception as err:  # noqa: BLE001 - reported through on_failed
-            error = err
-        self._finish(block, start, release, error)
 
     def _finish(self, block: Block, start: float, release, error: BaseException | None) -> None:
         try:
@@ -88,7 +88,8 @@ class BlockWriter:
             elif self._on_failed is not None:
                 if self._store is not None:
                     stores.note_failure(self._store, error)
-                failure = BlockFailedError(block.index, f"writing {block} failed: {error}")
+                failure = BlockFailedError(block.index, f"writing {block} to {self._sink.path} failed: "
+                                                        f"{_reason(error)}")
                 failure.__cause__ = error
                 self._on_failed(block, failure)
         except Exception as err:  # noqa: BLE001 - marking a block done failed: the block is not done
@@ -114,3 +115,11 @@ class BlockWriter:
             self._slots.acquire()
         for _ in range(self._max_pending):
             self._slots.release()
+
+
+def _reason(error: BaseException) -> str:
+    """What a failed write met, in one line: a fault of the file system in words, with its cure."""
+    fault = os_fault(error)
+    if fault is not None:
+        return "; ".join(fault)
+    return first_line(error).split(" [tensorstore_spec=", 1)[0]

@@ -62,12 +62,15 @@ def default_output_path(source: VolumePath) -> VolumePath:
     """A sibling dataset ``prediction`` inside a container, else a new container beside the input.
 
     A precomputed input's dataset is its scale: its output is a new volume beside it (``em`` -> ``em.prediction``).
+    A TIFF input is read-only, and an HDF5 input's file is never written unasked (HDF5 has no journal: a crash
+    while the output is written could leave the whole file unreadable, the input with it): their output is a
+    zarr beside the file (``f.h5:/raw`` -> ``f.prediction.zarr``).
     """
-    if source.dataset and source.format != "precomputed":
-        return source.sibling("prediction")
-    if source.format == "tiff":  # read-only: the output is a zarr beside the stack or the folder of slices
+    if source.format in ("tiff", "hdf5"):
         stem = source.container.name.split(".")[0] or source.container.name
         return VolumePath("zarr", source.container.with_name(stem + ".prediction.zarr"), "")
+    if source.dataset and source.format != "precomputed":
+        return source.sibling("prediction")
     suffix = source.container.suffix
     return VolumePath(source.format, source.container.with_name(source.container.stem + ".prediction" + suffix), "")
 
@@ -90,6 +93,12 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
         if protected is not None:
             _check_apart(protected, target, role)
     for role, protected in (("input", source), ("mask", mask)):
+        if protected is not None and _same_hdf5_file(protected, target):
+            logger.warning("writing the output into the %s's own HDF5 file %s: HDF5 has no journal, so a crash while "
+                           "it writes (a kill, a full disk, a lost node) can leave the whole file unreadable, the %s "
+                           "with it; write the output to a file of its own (such as %s) to keep the %s safe", role,
+                           target.container, role, default_output_path(protected), role)
+    for role, protected in (("input", source), ("mask", mask)):
         if protected is not None and _made_container_holds(target, protected):
             raise InvalidOptionError(
                 f"output {str(target)!r} would make {target.container} (the folder {os.path.realpath(target.container)}"
@@ -111,6 +120,12 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
                 f"{'' if os.path.exists(link) else ', which does not exist'}; --overwrite does not delete "
                 f"through links: name the real path, or remove the link"
             )
+
+
+def _same_hdf5_file(source: VolumePath, target: VolumePath) -> bool:
+    """True when ``target`` is a dataset of ``source``'s HDF5 file, whatever names reach it."""
+    return (source.format == target.format == "hdf5" and source.container.exists()
+            and identity.same_file(source.container, target.container))
 
 
 def _made_container_holds(target: VolumePath, source: VolumePath) -> bool:

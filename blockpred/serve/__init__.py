@@ -2,9 +2,10 @@
 
 :func:`serve` opens the run (:mod:`.session`: the checks, plan, lock and output of
 ``blockpred run``), serves its prediction and its input as OME-NGFF zarr trees
-(:mod:`.tree`) over HTTP (:mod:`.http`), and predicts a block when a chunk of it
-is first asked for (:mod:`.work`).  :func:`serving` does the same on a thread of
-its own and returns at once (a notebook, a test).
+(:mod:`.tree`) over HTTP (:mod:`.http`), predicts a block when a chunk of it
+is first asked for (:mod:`.work`), and stops, on SIGINT or SIGTERM, with every
+request it took answered (:mod:`.stopping`).  :func:`serving` does the same on a
+thread of its own and returns at once (a notebook, a test).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ..errors import InvalidOptionError
-from .http import DEFAULT_ORIGINS, make_app
+from .http import DEFAULT_ORIGINS, Replies, make_app
 
 #: Addresses of this machine only: a server there answers requests that name it so (see :mod:`.http`).
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 from .session import Session, open_session
+from .stopping import StopSignals, stop_serving
 from .tree import ServedTree
 from .work import BlockWork
 
@@ -77,7 +79,7 @@ def _listen(host: str, port: int) -> list:
 
 
 async def _start(session: Session, sockets: list, host: str, cache_mb: float, origins: tuple[str, ...],
-                 link: Callable[["Served"], str | None] | None) -> tuple[Served, Any]:
+                 link: Callable[["Served"], str | None] | None) -> tuple[Served, Any, Replies]:
     import tornado.httpserver
 
     plan = session.job.plan
@@ -90,10 +92,11 @@ async def _start(session: Session, sockets: list, host: str, cache_mb: float, or
     served = Served(host, sockets[0].getsockname()[1], session.fingerprint, session, work)
     if link is not None:
         served.neuroglancer = link(served)
-    server = tornado.httpserver.HTTPServer(make_app(work, session.fingerprint, served.index(), origins,
+    replies = Replies()
+    server = tornado.httpserver.HTTPServer(make_app(work, session.fingerprint, served.index(), origins, replies,
                                                     local_only=host in LOCAL_HOSTS))
     server.add_sockets(sockets)
-    return served, server
+    return served, server, replies
 
 
 def serve(input, output=None, *, config=None, host: str = "127.0.0.1", port: int = 8000, cache_mb: float = 256,
@@ -102,24 +105,30 @@ def serve(input, output=None, *, config=None, host: str = "127.0.0.1", port: int
     """Serve the prediction of ``input`` (into ``output``, else a temporary one) until interrupted.
 
     ``options`` are :func:`blockpred.predict`'s.  ``on_ready(served)`` once the server listens; ``link(served)``
-    makes :attr:`Served.neuroglancer`.
+    makes :attr:`Served.neuroglancer`.  SIGINT or SIGTERM stops it as :mod:`.stopping` says, then raises as its
+    handler would (``KeyboardInterrupt``).
     """
     sockets = _listen(host, port)
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: [sock.close() for sock in sockets])
         session = stack.enter_context(open_session(input, output, config, options))
+        signals = StopSignals()
 
         async def main() -> None:
-            served, server = await _start(session, sockets, host, cache_mb, tuple(cors_origins), link)
+            signals.install()
             try:
-                if on_ready is not None:
-                    on_ready(served)
-                await asyncio.Event().wait()  # until interrupted
+                served, server, replies = await _start(session, sockets, host, cache_mb, tuple(cors_origins), link)
+                try:
+                    if on_ready is not None:
+                        on_ready(served)
+                    await signals.requested.wait()
+                finally:
+                    await stop_serving(server, sockets, served.work, replies, signals.hurry)
             finally:
-                server.stop()
-                served.work.close()
+                signals.uninstall()
 
         asyncio.run(main())
+        signals.act()  # the pipeline stops and the run's output is closed as this unwinds
 
 
 @contextlib.contextmanager
@@ -137,7 +146,7 @@ def serving(input, output=None, *, config=None, host: str = "127.0.0.1", port: i
         def run() -> None:
             asyncio.set_event_loop(loop)
             try:
-                ready["served"], ready["server"] = loop.run_until_complete(
+                ready["served"], ready["server"], ready["replies"] = loop.run_until_complete(
                     _start(session, sockets, host, cache_mb, tuple(cors_origins), None))
             except BaseException as err:  # noqa: BLE001 - raised by the caller's thread
                 ready["error"] = err
@@ -154,11 +163,12 @@ def serving(input, output=None, *, config=None, host: str = "127.0.0.1", port: i
         try:
             yield ready["served"]
         finally:
-            def stop() -> None:
-                ready["server"].stop()
-                loop.stop()
+            async def stop() -> None:
+                await stop_serving(ready["server"], sockets, ready["served"].work, ready["replies"], asyncio.Event())
 
-            loop.call_soon_threadsafe(stop)
-            thread.join()
-            ready["served"].work.close()
-            loop.close()
+            try:
+                asyncio.run_coroutine_threadsafe(stop(), loop).result()
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join()
+                loop.close()

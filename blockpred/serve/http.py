@@ -6,7 +6,8 @@
 served.  Everything else is 404 (an unknown fingerprint too: a page of an older
 run's URL asks again rather than reading stale data), any method but GET, HEAD
 and OPTIONS is 405 (tornado's own answer), and a request tornado cannot parse is
-its 400.  A block whose network fails is answered 500 for that chunk only.  A key
+its 400.  A block whose network fails is answered 500 for that chunk only.  A
+stopping server answers 503 (see :mod:`.stopping`).  A key
 is parsed into integers before anything is read (:meth:`~.tree.ServedTree.chunk_key`):
 no key reaches a file.
 
@@ -28,7 +29,7 @@ import logging
 import tornado.web
 
 from ..errors import BlockFailedError, one_line
-from .work import BlockWork
+from .work import BlockWork, ServerStopping
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +38,51 @@ DEFAULT_ORIGINS = ("https://neuroglancer-demo.appspot.com",)
 _TREES = ("prediction", "raw")
 
 
+class Replies:
+    """The requests whose answer is not yet sent in full: a stopping server waits for them before it closes its
+    connections.  (tornado makes a handler per request and every handler finishes, answered or not.)"""
+
+    def __init__(self) -> None:
+        self.num_open = 0
+        self._none_open = asyncio.Event()
+        self._none_open.set()
+
+    def opened(self) -> None:
+        self.num_open += 1
+        self._none_open.clear()
+
+    def sent(self) -> None:
+        self.num_open -= 1
+        if not self.num_open:
+            self._none_open.set()
+
+    async def all_sent(self) -> None:
+        await self._none_open.wait()
+
+
 class _Handler(tornado.web.RequestHandler):
     SUPPORTED_METHODS = ("GET", "HEAD", "OPTIONS")
 
     def initialize(self, app_state: dict) -> None:
         self.state = app_state
         self._gone: asyncio.Future | None = None
+        self._open = True
+        app_state["replies"].opened()
         self.clear()  # tornado set the default headers before the state was here: again, with it
+
+    def finish(self, chunk=None):
+        try:
+            sending = super().finish(chunk)
+        except BaseException:
+            self._sent()
+            raise
+        sending.add_done_callback(self._sent)  # sent, or the connection went away
+        return sending
+
+    def _sent(self, *_) -> None:
+        if self._open:
+            self._open = False
+            self.state["replies"].sent()
 
     def set_default_headers(self) -> None:
         origin = self.request.headers.get("Origin")
@@ -59,6 +98,8 @@ class _Handler(tornado.web.RequestHandler):
         if hosts is not None and self.request.host_name.lower() not in hosts:
             # A page elsewhere whose name was made to resolve to this machine (DNS rebinding) reads nothing.
             raise tornado.web.HTTPError(403, reason="not a name of this server")
+        if self.state["work"].stopping:
+            raise tornado.web.HTTPError(503, reason="the server is stopping")
 
     def options(self, *args) -> None:
         if self.request.headers.get("Access-Control-Request-Private-Network") == "true" \
@@ -115,6 +156,8 @@ class KeyHandler(_Handler):
             data = await work.chunk(name, chunk, self._gone)
         except BlockFailedError:
             raise tornado.web.HTTPError(500, reason="the network failed on this block") from None
+        except ServerStopping:
+            raise tornado.web.HTTPError(503, reason="the server is stopping") from None
         except Exception as err:  # noqa: BLE001 - the pipeline stopped, a read failed: this chunk fails, not the server
             said = self.state["errors_said"]
             if one_line(err) not in said:  # each error once, not once per chunk
@@ -140,11 +183,12 @@ class KeyHandler(_Handler):
 LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
-def make_app(work: BlockWork, fingerprint: str, index: dict, origins: tuple[str, ...],
+def make_app(work: BlockWork, fingerprint: str, index: dict, origins: tuple[str, ...], replies: Replies,
              local_only: bool = True) -> tornado.web.Application:
-    """``local_only``: the server listens on this machine only, and a request must name it so."""
+    """``local_only``: the server listens on this machine only, and a request must name it so; ``replies`` counts
+    the answers not yet sent."""
     state = {"work": work, "fingerprint": fingerprint, "index": index, "origins": frozenset(origins),
-             "hosts": LOCAL_NAMES if local_only else None, "errors_said": set()}
+             "hosts": LOCAL_NAMES if local_only else None, "errors_said": set(), "replies": replies}
     return tornado.web.Application([
         (r"/", IndexHandler, {"app_state": state}),
         (r"/([0-9a-f]+)/status\.json", StatusHandler, {"app_state": state}),
@@ -167,8 +211,8 @@ class _NotFound(_Handler):
 
 
 def _log(handler: tornado.web.RequestHandler) -> None:
-    """Requests at DEBUG (a viewer asks hundreds a second); 5xx at WARNING."""
+    """Requests at DEBUG (a viewer asks hundreds a second); 5xx at WARNING, but for a stopping server's 503."""
     status = handler.get_status()
-    level = logging.WARNING if status >= 500 else logging.DEBUG
+    level = logging.WARNING if status >= 500 and status != 503 else logging.DEBUG
     logger.log(level, "%d %s %s %.1f ms", status, handler.request.method, handler.request.uri,
                1000 * handler.request.request_time())

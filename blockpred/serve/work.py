@@ -12,6 +12,11 @@ the prediction's full resolution is a request for one block of the run's plan:
 * when every request waiting for a queued block has gone away, the call is
   withdrawn before it reaches the device.
 
+When the server stops (:meth:`BlockWork.stop`), a request waiting for a block
+still queued is answered "the server is stopping" (the block withdrawn before it
+reaches the device), one whose block is in the pipeline waits for it, and a
+new one is answered "stopping" at once (see :mod:`.stopping`).
+
 A chunk of a coarser level is made from the full resolution (window means, as
 ``--pyramid`` makes them) where every block under it is finished and it covers
 at most :data:`MAX_COARSE_BLOCKS` blocks; otherwise it is missing (the viewer's
@@ -42,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 #: A coarser level's chunk is made only where it covers at most this many blocks of the full resolution.
 MAX_COARSE_BLOCKS = 64
+
+
+class ServerStopping(Exception):
+    """The server is stopping: this chunk is not made (the server's 503)."""
 
 
 @dataclass
@@ -113,15 +122,44 @@ class BlockWork:
         self._pending: dict[Coord, _Pending] = {}
         self._failed_once: set[Coord] = set()
         self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="blockpred-serve")
+        #: Set by :meth:`stop`: no new chunk is made.
+        self.stopping = False
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def stop(self, hurry: asyncio.Event) -> None:
+        """(event loop) Make no new chunk; answer "stopping" to the requests waiting for a block not yet in the
+        pipeline (withdrawn), and wait for the blocks that are, until ``hurry`` is set (then answer those
+        "stopping" too)."""
+        self.stopping = True
+        for index, pending in list(self._pending.items()):
+            if self.stream.withdraw(pending.ticket):
+                self.counts.blocks_withdrawn += 1
+                self._stopped(index)
+        waiting = {pending.future for pending in self._pending.values()}
+        if waiting and not hurry.is_set():
+            through = asyncio.ensure_future(asyncio.wait(waiting))  # cancelled, it leaves the futures be
+            hurried = asyncio.ensure_future(hurry.wait())
+            await asyncio.wait({through, hurried}, return_when=asyncio.FIRST_COMPLETED)
+            through.cancel()
+            hurried.cancel()
+        for index in list(self._pending):  # hurried: the blocks still in the pipeline are not waited for
+            self._stopped(index)
+
+    def _stopped(self, index: Coord) -> None:
+        pending = self._pending.pop(index)
+        if not pending.future.done():
+            pending.future.set_exception(ServerStopping())
+            pending.future.exception()  # retrieved: a request that went away leaves no "never retrieved" note
 
     # ----------------------------------------------------------------- requests (on the event loop)
     async def chunk(self, name: str, key: ChunkKey, gone: asyncio.Future) -> bytes | None:
         """The encoded chunk ``key`` of tree ``name``; None where it is missing (the fill value), or where the
         request went away (``gone`` done) first.  Raises :class:`BlockFailedError` where the network failed."""
         self.counts.requests += 1
+        if self.stopping:
+            raise ServerStopping()
         cached = self.cache.get((name, key.level, key.index))
         if cached is not None:
             self.counts.cache_hits += 1
@@ -151,9 +189,16 @@ class BlockWork:
             pending = _Pending(asyncio.get_running_loop().create_future())
             self._pending[index] = pending
             loop = asyncio.get_running_loop()
-            pending.ticket = self.stream.submit(
-                [self.plan.block(index)],
-                on_finished=lambda ticket: loop.call_soon_threadsafe(self._settle, index, ticket))
+
+            def finished(ticket) -> None:  # on the stream's thread
+                if loop.is_closed():
+                    return  # the server is gone, and with it every request that waited
+                try:
+                    loop.call_soon_threadsafe(self._settle, index, ticket)
+                except RuntimeError:  # closed in between
+                    pass
+
+            pending.ticket = self.stream.submit([self.plan.block(index)], on_finished=finished)
         pending.waiters += 1
         try:
             await asyncio.wait({pending.future, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -186,6 +231,10 @@ class BlockWork:
             return
         except Exception as err:  # noqa: BLE001 - the pipeline stopped: every waiting request hears of it
             pending.future.set_exception(err)
+            pending.future.exception()
+            return
+        if not ticket.counts.num_blocks + ticket.counts.num_skipped:  # the stream closed before the block ran
+            pending.future.set_exception(ServerStopping())
             pending.future.exception()
             return
         self.counts.blocks_predicted += ticket.counts.num_blocks

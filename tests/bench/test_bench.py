@@ -5,6 +5,7 @@ import json
 import pytest
 
 from blockpred.cli import main
+from tests.ci import missing
 
 
 def test_bench_prints_the_throughput_table_and_the_json_has_every_figure(tmp_path, capsys):
@@ -112,7 +113,7 @@ def test_bench_gives_a_row_per_backend_with_its_difference_from_torch(tmp_path, 
     from blockpred.pipeline.backends import openvino_available
 
     if not openvino_available():
-        pytest.skip("OpenVINO is not installed")
+        missing("OpenVINO (a required dependency)")
     report_path = tmp_path / "bench.json"
     assert main(["bench", "--model", "tiny", "--device", "cpu", "--backend", "torch,openvino", "--batch-size", "1",
                  "--warmup", "0", "--iterations", "1", "--block", "16", "--json", str(report_path)]) == 0

@@ -22,7 +22,7 @@ import yaml
 import blockpred
 from blockpred.cli import main
 from blockpred.io import open_volume
-from tests.helpers import child_env, write_test_volume
+from tests.helpers import assert_resumed, child_env, write_test_volume
 
 #: 64 x 128 x 128 in blocks of 32^3: 32 blocks, a few seconds of work for two CPU workers.  Halo 4 (input 40^3,
 #: not the tiny network's 52^3): what the tests act on is the processes, the compute only keeps the run going.
@@ -222,9 +222,9 @@ def test_a_block_that_kills_its_worker_fails_the_run_in_one_line_and_the_rerun_c
     rerun[rerun.index("--workers") + 1] = "1"
     assert main(rerun) == 0
     stdout = capsys.readouterr().out
-    assert f"in {12 - done} blocks ({done} already done)" in stdout, stdout
-    values = read_all(out)[0]
-    assert np.allclose(values[data == 102], 0.2), "every block written, once the fault is gone"
+    clean = str(tmp_path / "clean.zarr")  # the same command on a fresh output, the fault gone
+    assert main([clean if arg == out else arg for arg in rerun]) == 0
+    assert_resumed(stdout, out, clean, num_blocks=12, done_before=done, atol=1e-6)
 
 
 def test_a_cluster_started_in_process_has_its_scheduler_on_loopback():
@@ -240,12 +240,13 @@ def test_a_cluster_started_in_process_has_its_scheduler_on_loopback():
 
 @pytest.mark.parametrize("workers", [pytest.param(["--workers", "2"], id="two-workers"),
                                      pytest.param([], id="in-process")])
-@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 @pytest.mark.slow
 def test_ctrl_c_or_sigterm_prints_one_line_ends_the_events_frees_the_lock_and_the_rerun_resumes(
         tmp_path, volume, workers, sent, capsys):
-    """A terminal's Ctrl-C (SIGINT), or what SLURM and Kubernetes send first (SIGTERM), to the whole process group
-    (the client and every worker): one line, exit 128 + the signal, the end event, no lock and no process left."""
+    """A terminal's Ctrl-C (SIGINT), what SLURM and Kubernetes send first (SIGTERM), or a closed terminal's SIGHUP
+    (was: no message), to the whole process group (the client and every worker): one line, exit 128 + the signal,
+    the end event, no lock and no process left."""
     source, clean = volume
     out, events = str(tmp_path / "out.zarr"), tmp_path / "progress.jsonl"
     run = start_run(source, out, *workers, "--progress-json", str(events))
@@ -257,15 +258,16 @@ def test_ctrl_c_or_sigterm_prints_one_line_ends_the_events_frees_the_lock_and_th
     assert "Traceback" not in stderr, stderr
     # Halo 4 is below the tiny network's field on purpose (see HALO): its one warning says so at the start.
     lines = [line for line in stderr.strip().splitlines() if "smaller than the network's receptive field" not in line]
-    said = INTERRUPTED if sent == signal.SIGINT else INTERRUPTED.replace("interrupted", "terminated (SIGTERM)")
+    said = INTERRUPTED.replace("interrupted", {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)",
+                                               signal.SIGHUP: "hung up (SIGHUP)"}[sent])
     assert lines[-1] == said and stderr.count(said.split(";")[0]) == 1, stderr
     assert all(line.startswith("blockpred: ") for line in lines), stderr
     end = json.loads(events.read_text().splitlines()[-1])
     assert end["event"] == "end" and not end["ok"] and end["error"] == said.split(": ", 1)[1].split(";")[0], end
     assert not Path(out + ".blockpred", "_root.lock").exists(), "the lock was left behind"
     assert_no_process_left(members, run.pid)
-    if sent == signal.SIGTERM:
-        return  # the rerun resumes from the markers either signal left: shown once, after SIGINT
+    if sent != signal.SIGINT:
+        return  # the rerun resumes from the markers any of the signals left: shown once, after SIGINT
 
     done = num_done(out)
     assert 4 <= done < NUM_BLOCKS
@@ -273,6 +275,4 @@ def test_ctrl_c_or_sigterm_prints_one_line_ends_the_events_frees_the_lock_and_th
     # The same command again, in this process and without worker processes: what the signal did to processes was
     # the first run's part, what the rerun computes is decided by the markers it left.
     assert main(["run", source, out, *PINNED, "--no-progress"]) == 0
-    stdout = capsys.readouterr().out
-    assert f"in {NUM_BLOCKS - done} blocks ({done} already done)" in stdout, stdout
-    np.testing.assert_allclose(read_all(out), clean, atol=1e-6)
+    assert_resumed(capsys.readouterr().out, out, clean, num_blocks=NUM_BLOCKS, done_before=done, atol=1e-6)

@@ -16,7 +16,7 @@ import time
 import psutil
 
 from blockpred.cluster.orphan import PARENT_ENV
-from tests.helpers import child_env
+from tests.helpers import child_env, wait_for
 
 CHILD = """
 import sys, time
@@ -36,10 +36,7 @@ time.sleep(600)
 
 
 def _wait_for(path, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path) or not open(path).read():
-        assert process.poll() is None and time.monotonic() < deadline, "the parent or its child did not start"
-        time.sleep(0.02)
+    wait_for(lambda: os.path.exists(path) and open(path).read(), "start of the parent and its child", process=process)
 
 
 def test_a_worker_process_ends_when_the_process_that_started_it_is_killed(tmp_path):
@@ -49,16 +46,19 @@ def test_a_worker_process_ends_when_the_process_that_started_it_is_killed(tmp_pa
     try:
         _wait_for(pid_file, parent)
         child = psutil.Process(int(pid_file.read_text()))
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert child.is_running() and time.monotonic() < deadline, "the child did not start its watch"
-            time.sleep(0.02)
+        wait_for(lambda: ready.exists() or not child.is_running(), "the child's watch started")
+        assert child.is_running(), "the child ended before it started its watch"
         time.sleep(1.5)  # three looks at a living parent
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE, "the child ended with its parent alive"
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
-        gone, alive = psutil.wait_procs([child], timeout=30)
-        assert not alive, "the child outlived its parent"
+        def ended() -> bool:
+            try:
+                return not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        wait_for(ended, "end of the child once its parent is gone")
     finally:
         parent.kill()
         for process in psutil.process_iter():

@@ -48,14 +48,29 @@ def test_a_malformed_scheduler_address_is_refused_before_the_model_loads(capsys,
     assert address in line and "tcp://HOST:PORT" in line, line
 
 
-def test_an_address_where_no_scheduler_answers_is_refused_within_the_first_handshakes_timeout(capsys, data):
+def test_an_address_where_nothing_listens_is_refused_at_the_first_try_naming_it(capsys, data):
+    """A refused connection is known at once: one line naming the address, not dask's retries for the whole of the
+    first handshake's timeout (was: 10 s, then "no dask scheduler answered ... within 10 s")."""
     with socket.socket() as free:  # a port nothing listens on: connections to it are refused
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):  # the first handshake's bound, if shorter
-        line = refusal(capsys, data, "--scheduler", f"tcp://127.0.0.1:{port}")
+    line = refusal(capsys, data, "--scheduler", f"tcp://127.0.0.1:{port}")
+    assert f"no dask scheduler at tcp://127.0.0.1:{port}: the connection was refused" in line, line
+    assert "within" not in line and "file system" not in line, line
+    line = refusal(capsys, data, "--scheduler", "tcp://no-such-host.invalid:8786")
+    assert "no dask scheduler at tcp://no-such-host.invalid:8786: its host 'no-such-host.invalid' has no address" \
+        in line, line
+
+
+def test_an_address_that_accepts_but_never_answers_is_refused_within_the_first_handshakes_timeout(capsys, data):
+    with socket.socket() as silent:  # listens, so connections are accepted (by the kernel), but says nothing
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):  # the first handshake's bound, if shorter
+            line = refusal(capsys, data, "--scheduler", f"tcp://127.0.0.1:{port}")
     assert f"no dask scheduler answered at tcp://127.0.0.1:{port} within 1 s" in line, line
-    assert "dask scheduler" in line and "file system" not in line, line
+    assert "did not answer as a dask scheduler" in line and "file system" not in line, line
 
 
 def test_more_cpu_workers_than_cores_are_refused_before_any_starts(capsys, data):

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import h5py
 import numpy as np
 import pytest
 
-from blockpred.errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError
+from blockpred.errors import InputNotFoundError, InvalidOptionError, InvalidVolumeError, OutputLockedError
 from blockpred.geometry import Box
 from blockpred.io import create_volume, open_volume, volume_exists
 from blockpred.io.hdf5 import OPEN_FILES
-from tests.helpers import write_test_volume
+from tests.helpers import child_env, write_test_volume
 
 
 def create(path, **options):
@@ -150,3 +152,66 @@ def test_a_volume_nobody_closes_gives_its_file_back_when_collected(tmp_path):
     assert len(OPEN_FILES.open_keys()) == 1
     del volume
     assert OPEN_FILES.open_keys() == []
+
+
+# ----------------------------------------------------------------- one writer, SWMR, and what a killed writer left
+
+_HOLD_FOR_WRITING = """
+import sys, time
+import numpy as np
+from blockpred.io import create_volume
+volume = create_volume(sys.argv[1], spatial_shape=(6, 10, 8), num_channels=None, dtype="float32",
+                       chunk_shape=(3, 5, 4))
+volume.write(volume.box, np.ones((6, 10, 8), np.float32))  # written in SWMR mode, where HDF5 holds no lock
+print("writing", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_process_cannot_write_a_file_another_process_writes(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_FOR_WRITING, f"{tmp_path}/f.h5:/a"], env=child_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "writing", holder.stderr.read()
+        with pytest.raises(OutputLockedError, match="is open in another process"):
+            create(f"{tmp_path}/f.h5:/b")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert OPEN_FILES.open_keys() == []
+    with create(f"{tmp_path}/f.h5:/b") as volume:  # the writer is gone: its flags are cleared, the file written
+        volume.write(volume.box, np.full((6, 10, 8), 2, np.float32))
+    with h5py.File(tmp_path / "f.h5", "r") as handle:
+        np.testing.assert_array_equal(handle["a"][...], 1)
+        np.testing.assert_array_equal(handle["b"][...], 2)
+
+
+def test_a_new_file_is_written_in_swmr_mode_and_a_file_of_the_older_format_without(tmp_path):
+    with create(f"{tmp_path}/new.h5:/a") as volume:
+        volume.write(volume.box, np.ones((6, 10, 8), np.float32))
+        assert OPEN_FILES.swmr(OPEN_FILES.open_keys()[0])
+    with h5py.File(tmp_path / "old.h5", "w") as handle:  # h5py's defaults: HDF5 1.8's format (superblock 0)
+        handle["other"] = np.zeros(3)
+    with create(f"{tmp_path}/old.h5:/a") as volume:
+        volume.write(volume.box, np.ones((6, 10, 8), np.float32))
+        assert not OPEN_FILES.swmr(OPEN_FILES.open_keys()[0])
+    for name in ("new.h5", "old.h5"):
+        with h5py.File(tmp_path / name, "r") as handle:
+            np.testing.assert_array_equal(handle["a"][...], 1)
+
+
+def test_bytes_past_a_files_recorded_end_are_never_overwritten_by_later_writes(tmp_path, caplog):
+    """What a killed writer wrote after its last flush lies past the recorded end; new chunks go after it."""
+    path = f"{tmp_path}/f.h5:/a"
+    create(path, compression="raw").close()
+    file = tmp_path / "f.h5"
+    end = file.stat().st_size
+    left = np.random.default_rng(0).integers(0, 255, 1 << 16, dtype=np.uint8).tobytes()
+    with open(file, "ab") as raw:
+        raw.write(left)
+    with caplog.at_level("WARNING", logger="blockpred"), open_volume(path, "r+") as volume:
+        volume.write(volume.box, np.full((6, 10, 8), 3, np.float32))
+    assert any("past its recorded end" in r.getMessage() for r in caplog.records)
+    assert file.read_bytes()[end:end + len(left)] == left
+    with open_volume(path) as volume:
+        np.testing.assert_array_equal(volume.read(volume.box), 3)

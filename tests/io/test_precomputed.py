@@ -17,7 +17,7 @@ from blockpred.geometry import Box
 from blockpred.io import create_volume, open_volume, parse_volume_path, remove_volume, volume_exists
 from blockpred.pipeline.markers import markers_path
 from blockpred.run.prepare import default_output_path
-from tests.helpers import write_test_volume
+from tests.helpers import assert_resumed, done_blocks, write_test_volume
 
 RESOLUTION_XYZ = (4.0, 6.0, 40.0)
 OFFSET_XYZ = (3, 5, 7)
@@ -255,7 +255,11 @@ def test_the_cli_runs_on_a_precomputed_path_and_on_its_info_and_writes_precomput
     with open_volume(default) as volume:
         assert volume.voxel_size == RESOLUTION_XYZ[::-1] and volume.chunk_shape == (2, 8, 8, 8)
     assert (tmp_path / "em.prediction.blockpred").is_dir()
-    assert main(["run", precomputed, *options]) == 0  # resumes: everything is done
+    num_blocks, written = len(done_blocks(default)), _snapshot(tmp_path / "em.prediction")
+    assert num_blocks == 2 * 3 * 3
+    assert main(["run", precomputed, *options]) == 0  # resumes: everything is done, nothing is written again
+    assert_resumed(capsys.readouterr().out, default, reference, num_blocks=num_blocks, done_before=num_blocks)
+    assert _snapshot(tmp_path / "em.prediction") == written
 
     raw = f"precomputed://{tmp_path}/raw-chunks"
     assert main(["run", plain, raw, "--compression", "raw", "--output-dtype", "uint8", *options]) == 0

@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from blockpred.io.base import parse_volume_path
 from blockpred.io.stores import ObjectUrl, StorageOptions, aws_credentials, kvstore_spec
 from blockpred.pipeline.markers import DoneMarkers, markers_path
 from blockpred.run.prepare import check_output_path, default_output_path
-from tests.helpers import write_test_volume, child_env
+from tests.helpers import child_env, wait_for, write_test_volume
 
 #: Runs compared bitwise name their batch and layout (see tests/cluster/test_scheduler.py).
 PINNED = {"batch_size": 1, "memory_format": "contiguous"}
@@ -121,6 +120,7 @@ def test_a_run_from_s3_to_s3_writes_bitwise_what_the_same_run_on_local_files_wri
     assert read_all(s3.url(f"em/{output}")).tobytes() == read_all(str(tmp_path / output)).tobytes()
     again = blockpred.predict(remote_in, s3.url(f"em/{output}"), **RUN)  # resumed from the markers on S3
     assert again.stats.num_blocks == 0 and again.num_resumed == 18
+    assert read_all(s3.url(f"em/{output}")).tobytes() == read_all(str(tmp_path / output)).tobytes()
     assert any(k.startswith(f"em/{output.split('/')[0]}.blockpred/pred/done/") for k in s3.keys())
 
 
@@ -132,7 +132,9 @@ def test_a_precomputed_volume_on_s3_predicts_into_precomputed_on_s3_as_on_local_
     blockpred.predict(local_in, local_out, **RUN)
     blockpred.predict(remote_in, remote_out, **RUN)
     assert read_all(remote_out).tobytes() == read_all(local_out).tobytes()
-    assert blockpred.predict(remote_in, remote_out, **RUN).num_resumed == 18  # markers on S3 beside it
+    again = blockpred.predict(remote_in, remote_out, **RUN)  # markers on S3 beside it: nothing left to do
+    assert (again.num_resumed, again.stats.num_blocks) == (18, 0)
+    assert read_all(remote_out).tobytes() == read_all(local_out).tobytes()
     blockpred.predict(remote_in, remote_out, overwrite=True, **RUN)  # removes only that volume's objects
     assert any(k.startswith("em/") for k in s3.keys()) and read_all(remote_out).tobytes() == read_all(local_out).tobytes()
 
@@ -162,11 +164,7 @@ def test_a_run_killed_on_s3_resumes_and_computes_only_the_missing_blocks(s3, tmp
                                                        "delay_while": str(slow)}, "block": 16, "halo": 4, **PINNED}))
     args = [source, out, "--model", "tests.networks:logged", "--config", str(config), "--local"]
     run = _start_run(args, tmp_path)
-    deadline = time.monotonic() + 120
-    while _done(out) < 6:
-        assert run.poll() is None, run.communicate()
-        assert time.monotonic() < deadline, "fewer than 6 blocks marked done on S3 in 120 s"
-        time.sleep(0.1)
+    wait_for(lambda: _done(out) >= 6, "6 blocks marked done on S3", process=run)
     os.killpg(run.pid, signal.SIGKILL)  # the whole run, mid-block: no flush, no clean-up
     _, stderr = run.communicate(timeout=30)
     # A new process that read and wrote on S3 (its credentials resolved): no AWS chain noise.
@@ -257,9 +255,7 @@ def test_marks_on_s3_are_buffered_and_written_as_one_object_per_flush(s3, monkey
         markers.mark_done(block)
     assert DoneMarkers.open(path).done_indices() == set()  # buffered, not yet written
     markers.mark_done(blocks[3])  # the 4th mark: written at once, by a timer thread
-    deadline = time.monotonic() + 10
-    while len(DoneMarkers.open(path).done_indices()) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(DoneMarkers.open(path).done_indices()) == 4, "the 4 marks written by the timer thread")
     markers.mark_skipped(blocks[4])
     markers.mark_done(blocks[5])
     markers.flush()  # the end of a job

@@ -33,12 +33,13 @@ from blockpred.io import (
     volume_exists,
 )
 from blockpred.run.prepare import check_output_path
+from tests.ci import needs
 from tests.helpers import REALDATA, write_test_volume
 
 #: The real FIB-SEM volume (uint8 250^3), in ../shared/realdata beside the checkout (see its README).
 FIBSEM = REALDATA / "fibsem_neuroproof" / "training_sample2_raw_250cube.npz"
 
-pytestmark = pytest.mark.skipif(not FIBSEM.exists(), reason="../shared/realdata is not beside the checkout")
+pytestmark = needs(FIBSEM.exists(), "../shared/realdata beside the checkout")
 #: z, y, x of the crop every test uses: 16 slices, so a folder has slice_2 and slice_10 (natural order matters).
 CROP = (slice(100, 116), slice(40, 104), slice(120, 184))
 READ_ONLY = "TIFF inputs are read-only; write the output to a .zarr, .n5 or .h5 path"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import pickle
+import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blockpred.errors import InputNotFoundError, InvalidOptionError, OutputExistsError
+from blockpred.errors import InputNotFoundError, InvalidOptionError, OutputExistsError, os_fault
 from blockpred.geometry import Box
 from blockpred.io import create_volume, open_volume, remove_volume, volume_exists
+from tests.helpers import child_env
 
 SPATIAL_SHAPE = (12, 20, 18)
 CHUNK_SHAPE = (4, 8, 6)
@@ -317,3 +322,61 @@ def test_every_compression_round_trips_or_is_refused_by_name(backend, tmp_path, 
         volume.write(volume.box, data)
     with open_volume(backend.path(tmp_path)) as volume:
         np.testing.assert_array_equal(volume.read(volume.box), data)
+
+
+# ----------------------------------------------------------------- the write contract: durable when done, or failed
+
+#: A child that writes two slabs, one through ``write`` and one through ``write_async``, says so, and is killed
+#: (SIGKILL, by itself) the moment both returned: what a mark would vouch for must be in the volume.
+_WRITE_THEN_DIE = """
+import json, os, signal, sys
+import numpy as np
+from blockpred.geometry import Box
+from blockpred.io import create_volume
+spec = json.loads(sys.argv[1])
+volume = create_volume(spec["path"], **spec["options"])
+data = np.random.default_rng(0).standard_normal(volume.shape).astype("float32")
+volume.write(Box((0, 0, 0), (4, 20, 18)), data[..., 0:4, :, :])
+volume.write_async(Box((4, 0, 0), (8, 20, 18)), data[..., 4:8, :, :]).result()
+print("returned", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_write_that_returned_is_in_the_volume_after_a_kill_of_its_process(backend, tmp_path):
+    path = backend.path(tmp_path)
+    options = dict(spatial_shape=SPATIAL_SHAPE, num_channels=2, dtype="float32", chunk_shape=CHUNK_SHAPE,
+                   **backend.create_options)
+    child = subprocess.run([sys.executable, "-c", _WRITE_THEN_DIE, json.dumps({"path": path, "options": options})],
+                           capture_output=True, text=True, env=child_env(), timeout=120)
+    assert child.returncode == -signal.SIGKILL and child.stdout.strip() == "returned", child.stderr
+    expected = np.random.default_rng(0).standard_normal((2, *SPATIAL_SHAPE)).astype("float32")
+    with open_volume(path) as volume:  # HDF5: flagged "open for writing" by the killed writer, read as SWMR
+        np.testing.assert_array_equal(volume.read(Box((0, 0, 0), (8, 20, 18))), expected[:, 0:8])
+        assert not volume.read(Box((8, 0, 0), (12, 20, 18))).any()  # never written: the fill value
+
+
+def test_a_write_to_a_full_disk_fails_and_every_write_that_completed_reads_back(backend, tmpfs):
+    disk = tmpfs("384k")
+    path = backend.path(disk.path)
+    shape, chunks = (64, 64, 64), (4, 64, 64)  # 16 slabs of 64 KiB, uncompressed: a few fit
+    data = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    volume = create_volume(path, spatial_shape=shape, num_channels=None, dtype="float32", chunk_shape=chunks,
+                           compression="raw", **{k: v for k, v in backend.create_options.items() if k != "compression"})
+    completed, failures = [], []
+    with volume:
+        for z in range(0, shape[0], chunks[0]):
+            box = Box((z, 0, 0), (z + chunks[0], *shape[1:]))
+            try:
+                volume.write_async(box, data[box.to_slices()]).result()
+            except Exception as error:  # noqa: BLE001 - each failure is kept and checked below
+                failures.append(error)
+            else:
+                completed.append(box)
+    assert failures, "a disk too small for the volume took every write"
+    assert all(os_fault(error) is not None and os_fault(error)[0] == "no space left on the device"
+               for error in failures), failures
+    disk.resize("4m")  # an operator frees space: what completed must be there, whole
+    with open_volume(path) as volume:
+        for box in completed:
+            np.testing.assert_array_equal(volume.read(box), data[box.to_slices()])

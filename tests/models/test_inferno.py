@@ -14,6 +14,7 @@ from torch import nn
 
 from blockpred.geometry import Coord
 from blockpred.models.inferno import InfernoUNet, resolve_activation
+from tests.ci import needs
 
 DATA = Path(__file__).parent / "data"
 KEYS = json.loads((DATA / "inferno_unet_keys.json").read_text())
@@ -35,7 +36,7 @@ def test_state_dict_keys_shapes_and_order_match_inferno(entry):
 REGRESSION = DATA / "inferno_unet_regression.pt"
 
 
-@pytest.mark.skipif(not REGRESSION.exists(), reason="no inferno regression fixture")
+@needs(REGRESSION.exists(), f"the inferno regression fixture {REGRESSION.name} (tests/models/data)")
 def test_inferno_weights_load_strictly_and_give_inferno_s_output():
     fixture = torch.load(REGRESSION, weights_only=True)
     net = InfernoUNet(**fixture["config"]).eval()

@@ -16,6 +16,7 @@ from blockpred.models.inferno import InfernoUNet
 from blockpred.models.loading import file_sha256, load_model, state_dict_sha256
 from blockpred.models.presets import PRESETS, build_preset
 from blockpred.models.unet import UNet3d
+from tests.ci import missing, needs
 from tests.helpers import child_env
 
 DATA = Path(__file__).parent / "data"
@@ -177,7 +178,7 @@ def test_inferno_state_dict_loads_with_the_architecture_read_from_its_shapes(tmp
     torch.testing.assert_close(run(loaded.module, x), run(net, x))
 
 
-@pytest.mark.skipif(not REGRESSION.exists(), reason="no inferno regression fixture")
+@needs(REGRESSION.exists(), f"the inferno regression fixture {REGRESSION.name} (tests/models/data)")
 def test_real_inferno_weights_need_the_output_activation_named_and_then_match_inferno(tmp_path):
     fixture = torch.load(REGRESSION, weights_only=True)
     path = tmp_path / "weights.pt"
@@ -248,7 +249,7 @@ def test_weights_do_not_apply_to_a_model_file(tmp_path):
 def test_real_inferno_trainer_checkpoint_needs_trust_and_then_gives_inferno_s_output(name):
     path = DATA / name
     if not path.exists():
-        pytest.skip(f"no fixture {name}")
+        missing(f"the fixture {name} (tests/models/data)")
     with pytest.raises(UntrustedPickleError, match=r"is a pickled Python object \(it references inferno\."):
         load_model(str(path))
     loaded = load_model(str(path), trust_pickle=True)

@@ -33,12 +33,13 @@ from blockpred.geometry import Coord
 from blockpred.models.discover import find_grid
 from blockpred.models.field import network_field
 from tests import realnets
-from tests.helpers import REALDATA, ROOT, child_env, run_blockpred, write_test_volume
+from tests.ci import needs
+from tests.helpers import REALDATA, ROOT, child_env, read_volume, run_blockpred, write_test_volume
 
 CREMI = REALDATA / "cremi_dunet2d"
 FIBSEM = REALDATA / "fibsem_neuroproof" / "training_sample2_raw_250cube.npz"
 
-pytestmark = pytest.mark.skipif(not FIBSEM.exists(), reason="../shared/realdata is not beside the checkout")
+pytestmark = needs(FIBSEM.exists(), "../shared/realdata beside the checkout")
 
 
 
@@ -322,6 +323,8 @@ def test_a_resume_keeps_the_halo_it_started_with(tmp_path):
     source = write_test_volume(str(tmp_path / "v.zarr"), np.zeros((16, 32, 32), np.uint8))  # no axis under the halo
     options = dict(model="tiny", block=16, progress=False, local=True)
     first = blockpred.predict(source, str(tmp_path / "o.zarr"), halo=12, **options)
+    written = read_volume(first.output)
     again = blockpred.predict(source, str(tmp_path / "o.zarr"), **options)  # no halo named: the run's own
     assert tuple(first.plan.halo) == tuple(again.plan.halo) == (12, 12, 12)
-    assert again.num_resumed == first.plan.num_blocks
+    assert (again.num_resumed, again.stats.num_blocks) == (first.plan.num_blocks, 0)  # nothing redone
+    np.testing.assert_array_equal(read_volume(again.output), written)

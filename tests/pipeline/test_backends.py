@@ -15,9 +15,10 @@ from blockpred.pipeline import Predictor
 from blockpred.pipeline.backends import openvino_available
 from blockpred.tuning.memformat import choose_memory_format
 from tests import realnets
+from tests.ci import needs
 from tests.helpers import build_2d_package, child_env, read_volume, run_blockpred, write_test_volume
 
-pytestmark = pytest.mark.skipif(not openvino_available(), reason="OpenVINO is not installed")
+pytestmark = needs(openvino_available(), "OpenVINO (a required dependency)")
 
 TOLERANCE = 1e-5
 #: Pinned, so that the two backends run the same blocks in the same batches.

@@ -17,9 +17,10 @@ from blockpred.errors import InvalidOptionError
 from blockpred.pipeline import Predictor
 from blockpred.pipeline.onnx_backend import MISSING, onnxruntime_available
 from tests import realnets
+from tests.ci import needs
 from tests.helpers import read_volume, write_test_volume
 
-installed = pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime (the onnx extra) is not installed")
+installed = needs(onnxruntime_available(), "onnxruntime (the onnx and test extras)")
 
 TOLERANCE = 1e-5
 #: Pinned, so that the two backends run the same blocks in the same batches (no halo: small inputs, fast).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 
@@ -55,24 +56,26 @@ def _sink(path: str):
 
 
 class Recorder:
-    """When each block was read (the pipeline's skip hook sees every read block) and when it was written."""
+    """In which order the blocks were read (the pipeline's skip hook sees every read block) and written: each
+    event's number in one sequence (an order, not a clock)."""
 
     def __init__(self, fail: set = frozenset()):
         self.read: dict = {}
         self.written: dict = {}
         self.fail = fail
         self._lock = threading.Lock()
+        self._events = itertools.count()
 
     def skip(self, block, data) -> bool:
         with self._lock:
-            self.read[block.index] = time.perf_counter()
+            self.read[block.index] = next(self._events)
         if block.index in self.fail:
             raise RuntimeError(f"unreadable {block.index}")
         return False
 
     def done(self, block) -> None:
         with self._lock:
-            self.written[block.index] = time.perf_counter()
+            self.written[block.index] = next(self._events)
 
 
 def _stream(setup, sink, recorder: Recorder, *, batch_size: int = 1, max_failures: int = 10) -> BlockStream:

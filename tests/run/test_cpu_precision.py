@@ -16,6 +16,7 @@ from blockpred.cli import main
 from blockpred.io import open_volume
 from blockpred.pipeline.backends import cpu_bf16, openvino_available
 from blockpred.run.cpu_precision import CpuPrecision
+from tests.ci import needs
 from tests.helpers import write_test_volume
 
 #: Small enough for a test: one block of the tiny preset.
@@ -68,7 +69,7 @@ def test_bf16_runs_openvino_unmeasured_close_to_fp32_and_the_summary_says_how_cl
     assert not np.array_equal(got, fp32)  # bf16 computed, not f32
 
 
-@pytest.mark.skipif(not openvino_available(), reason="OpenVINO is not installed")
+@needs(openvino_available(), "OpenVINO (a required dependency)")
 def test_auto_precision_stays_fp32_on_openvino_and_equals_torch(volume, fp32, tmp_path, conversions, monkeypatch):
     monkeypatch.setenv("BLOCKPRED_CACHE_DIR", conversions)
     out = tmp_path / "auto.zarr"

@@ -6,7 +6,6 @@ the refused permission is ``chattr +i`` (which refuses even root).
 """
 
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,25 +23,10 @@ def _source(tmp_path) -> str:
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A real file system of 2 MiB (tmpfs), unmounted after the test; ``fill(left)`` fills it."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
-                            text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-
-    def fill(left_bytes: int = 0) -> None:
-        """Fill the disk up to ``left_bytes`` free."""
-        free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
-        with open(mount / "filler", "ab") as filler:
-            filler.write(b"\0" * max(0, free - left_bytes))
-
-    try:
-        yield mount, fill
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
+    disk = tmpfs("2m")
+    return disk.path, disk.fill
 
 
 def _leftovers(directory: Path) -> list[str]:
@@ -133,21 +117,13 @@ def test_an_input_chunk_that_does_not_decode_fails_its_blocks_at_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_output_with_more_files_than_free_inodes_is_refused_by_plan_and_run(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(disk)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
-        source = _source(tmp_path)
-        for command in ("plan", "run"):  # 1,024 chunk files of 4^3
-            refused = run_blockpred(command, source, disk / "out.zarr", "--output-chunks", "4", *PINNED)
-            assert refused.returncode == 2
-            assert "free inodes" in error_line(refused.stderr) and "--shards block" in refused.stderr
-        assert _leftovers(disk) == []
-        sharded = run_blockpred("run", source, disk / "out.zarr", "--output-chunks", "4", "--shards", "block", *PINNED)
-        assert sharded.returncode == 0, sharded.stderr  # 16 shard files
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
+def test_an_output_with_more_files_than_free_inodes_is_refused_by_plan_and_run(tmp_path, tmpfs):
+    disk = tmpfs("4m", nr_inodes=200).path
+    source = _source(tmp_path)
+    for command in ("plan", "run"):  # 1,024 chunk files of 4^3
+        refused = run_blockpred(command, source, disk / "out.zarr", "--output-chunks", "4", *PINNED)
+        assert refused.returncode == 2
+        assert "free inodes" in error_line(refused.stderr) and "--shards block" in refused.stderr
+    assert _leftovers(disk) == []
+    sharded = run_blockpred("run", source, disk / "out.zarr", "--output-chunks", "4", "--shards", "block", *PINNED)
+    assert sharded.returncode == 0, sharded.stderr  # 16 shard files

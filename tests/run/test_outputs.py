@@ -50,13 +50,25 @@ def test_an_n5_prediction_opens_with_tensorstore_in_z_y_x_order(tmp_path):
     np.testing.assert_array_equal(on_disk.T, ours.read(ours.box))
 
 
-def test_an_hdf5_prediction_goes_into_the_input_file(tmp_path):
+def test_an_hdf5_input_gets_its_prediction_in_a_zarr_beside_its_file_never_inside_it(tmp_path):
+    rng = np.random.default_rng(2)
+    path = write_test_volume(str(tmp_path / "f.h5:/raw"), rng.integers(0, 255, (8, 16, 16), dtype=np.uint8))
+    before = (tmp_path / "f.h5").read_bytes()
+    summary = blockpred.predict(path, block=8, halo=2, progress=False, local=True)
+    assert summary.output == str(tmp_path / "f.prediction.zarr")
+    assert open_volume(summary.output).shape == (2, 8, 16, 16)
+    assert (tmp_path / "f.h5").read_bytes() == before  # HDF5 has no journal: the input's file is never written
+
+
+def test_an_output_named_inside_the_input_hdf5_file_is_written_there_with_one_warning(tmp_path, caplog):
     import h5py
 
     rng = np.random.default_rng(2)
     path = write_test_volume(str(tmp_path / "f.h5:/raw"), rng.integers(0, 255, (8, 16, 16), dtype=np.uint8))
-    summary = blockpred.predict(path, block=8, halo=2, progress=False, local=True)
-    assert summary.output == f"{tmp_path / 'f.h5'}:/prediction"
+    with caplog.at_level("WARNING", logger="blockpred"):
+        blockpred.predict(path, f"{tmp_path}/f.h5:/prediction", block=8, halo=2, progress=False, local=True)
+    said = [r.getMessage() for r in caplog.records if "own HDF5 file" in r.getMessage()]
+    assert len(said) == 1 and "can leave the whole file unreadable" in said[0] and "f.prediction.zarr" in said[0]
     with h5py.File(tmp_path / "f.h5", "r") as f:
         assert f["prediction"].shape == (2, 8, 16, 16) and f["raw"].shape == (8, 16, 16)
 

@@ -26,7 +26,7 @@ from blockpred.geometry import Coord
 from blockpred.io import open_volume, parse_volume_path
 from blockpred.pipeline.markers import DoneMarkers, markers_path
 from blockpred.io.ownership import Holder, OutputLock, lock_path
-from tests.helpers import child_env, error_line, run_blockpred, write_test_volume
+from tests.helpers import assert_resumed, child_env, done_blocks, error_line, run_blockpred, wait_for, write_test_volume
 
 PINNED = ("--device", "cpu", "--no-progress", "--block", "16", "--halo", "4", "--memory-format", "contiguous")
 
@@ -56,12 +56,8 @@ def _start(*args, cwd) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _wait_for(condition, process: subprocess.Popen, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"no {what} after {timeout_s} s"
-        time.sleep(0.05)
+def _wait_for(condition, process: subprocess.Popen, what: str) -> None:
+    wait_for(condition, what, process=process)
 
 
 @pytest.mark.slow
@@ -109,10 +105,7 @@ def test_two_runs_started_together_leave_one_owner_and_a_readable_output(tmp_pat
     runs = [_start(source, out, *options[0], cwd=tmp_path)]
     time.sleep(0.3)
     runs.append(_start(source, out, *options[1], cwd=tmp_path))
-    deadline = time.monotonic() + 300
-    while all(run.poll() is None for run in runs):
-        assert time.monotonic() < deadline, "neither run ended within 300 s"
-        time.sleep(0.05)
+    wait_for(lambda: any(run.poll() is not None for run in runs), "end of either run")
     slow.unlink()
     results = [(run.wait(timeout=300), *run.communicate()) for run in runs]
     assert sorted(code for code, _, _ in results) == [0, 2], results
@@ -124,7 +117,7 @@ def test_two_runs_started_together_leave_one_owner_and_a_readable_output(tmp_pat
     np.testing.assert_array_equal(_read(out), _read(clean))
     capsys.readouterr()
     assert main(["run", source, out, *options[winner]]) == 0  # the winner's command again: nothing left to do
-    assert "(16 already done)" in capsys.readouterr().out
+    assert_resumed(capsys.readouterr().out, out, clean, num_blocks=16, done_before=16)
 
 
 @pytest.mark.slow
@@ -139,11 +132,15 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning_and_the_run_resum
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     assert os.path.exists(_lock_of(out)), "a killed run cannot remove its lock"
+    done_before = len(done_blocks(out))
     gate.unlink()
     rerun = run_blockpred("run", *args)
     assert rerun.returncode == 0, rerun.stderr
     assert "taking over output" in rerun.stderr and f"process {first.pid} is no longer running" in rerun.stderr
     assert "Traceback" not in rerun.stderr and not os.path.exists(_lock_of(out))
+    clean = str(tmp_path / "clean.zarr")  # the same command on a fresh output
+    assert main(["run", source, clean, *args[2:]]) == 0
+    assert_resumed(rerun.stdout, out, clean, num_blocks=32, done_before=done_before)
 
 
 def _foreign_lock(path, age_s: float) -> None:

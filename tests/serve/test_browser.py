@@ -19,11 +19,13 @@ from blockpred.geometry import Coord
 from blockpred.io import open_volume
 from blockpred.io.synthetic import make_em_volume
 from blockpred.serve import serving
+from tests.ci import import_or_skip
 from tests.helpers import write_test_volume
 
-neuroglancer = pytest.importorskip("neuroglancer")
-pytest.importorskip("neuroglancer.webdriver")
-pytest.importorskip("selenium")
+neuroglancer = import_or_skip("neuroglancer")
+import_or_skip("neuroglancer.webdriver")
+import_or_skip("selenium")
+# Chromium is no Python package: .ci/run installs it (from apt) before the suite; elsewhere its absence is a skip.
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 pytestmark = pytest.mark.skipif(CHROMIUM is None or shutil.which("chromedriver") is None,
                                 reason="needs Chromium and chromedriver (apt install chromium chromium-driver)")

@@ -16,7 +16,7 @@ from blockpred.tuning.autosize import SizeCache, SizeProblem, Trial, choose_size
 from blockpred.errors import InvalidOptionError
 from blockpred.geometry import Box, Coord
 from blockpred.pipeline import Predictor
-from tests.helpers import write_test_volume
+from tests.helpers import read_volume, write_test_volume
 from tests.networks import MemoryLimited
 
 HALO = Coord((10, 10, 10))
@@ -133,10 +133,13 @@ def test_resuming_with_block_auto_keeps_the_block_the_output_was_started_with(tm
     # Batch and layout named: neither run measures them (a loaded machine would, and cache what it found).
     pinned = dict(batch_size=1, memory_format="contiguous", progress=False, local=True)
     first = blockpred.predict(path, out, block=16, **pinned)
+    written = read_volume(out)
 
     again = blockpred.predict(path, out, block="auto", **pinned)  # no --overwrite: a resume
     assert again.plan.block_shape == first.plan.block_shape == Coord((16, 16, 16))
-    assert again.num_resumed == first.plan.num_blocks and again.sizing is None, "trials ran for a resume"
+    assert again.sizing is None, "trials ran for a resume"
+    assert (again.num_resumed, again.stats.num_blocks) == (first.plan.num_blocks, 0)  # nothing redone
+    np.testing.assert_array_equal(read_volume(out), written)
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from blockpred.tuning.defaults import BASE_BUDGET_S, MAX_BUDGET_S, MIN_RUN_S, me
 from blockpred.geometry import Box, Coord
 from blockpred.io import open_volume
 from blockpred.tuning.sizecache import CachedSizes
-from tests.helpers import write_test_volume
+from tests.helpers import read_volume, write_test_volume
 
 DELAY_S = 0.1  # x 32 blocks of 16^3: a run estimated at over 3 s, over the measuring threshold
 
@@ -229,9 +229,11 @@ def test_a_run_too_short_to_pay_is_not_measured(tmp_path):
 def test_a_resume_keeps_the_block_the_run_started_with(tmp_path, source):
     out = str(tmp_path / "out.zarr")
     first = blockpred.predict(source, out, **_slow(tmp_path, "run.log"))
+    written = read_volume(out)
     again = blockpred.predict(source, out, **_slow(tmp_path, "run.log"))  # no --overwrite: a resume, nothing left
     assert again.plan.block_shape == first.plan.block_shape
-    assert again.num_resumed == first.plan.num_blocks
+    assert (again.num_resumed, again.stats.num_blocks) == (first.plan.num_blocks, 0)  # nothing redone
+    np.testing.assert_array_equal(read_volume(out), written)
 
 
 def test_the_budget_is_nothing_below_the_threshold_a_few_seconds_above_and_capped():

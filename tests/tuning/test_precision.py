@@ -19,7 +19,7 @@ from blockpred.io import open_volume
 from blockpred.pipeline import DeviceSteps, Predictor
 from blockpred.tuning.precision import MAX_DIFF, MEAN_DIFF, PrecisionCheck, check_precision, differences
 from blockpred.run.prepare import _start_precision
-from tests.helpers import run_blockpred, write_test_volume
+from tests.helpers import read_volume, run_blockpred, write_test_volume
 from tests.networks import Cancelling, Smooth
 
 CPU = torch.device("cpu")
@@ -114,8 +114,10 @@ def test_auto_falls_back_to_tf32_with_one_warning_where_bf16_loses_the_numbers(v
     with open_volume(summary.output) as a, open_volume(exact.output) as b:
         assert np.array_equal(a.read(a.box), b.read(b.box))  # tf32 on a CPU computes as fp32
     # The markers name what ran: a resume at auto goes on, one at bf16 is refused as other settings.
+    written = read_volume(summary.output)
     again = blockpred.predict(volume, str(tmp_path / "out.zarr"), model="tests.networks:cancelling", **PINNED)
-    assert again.num_resumed == summary.plan.num_blocks
+    assert (again.num_resumed, again.stats.num_blocks) == (summary.plan.num_blocks, 0)  # nothing redone
+    np.testing.assert_array_equal(read_volume(again.output), written)
     with pytest.raises(OutputExistsError, match="precision"):
         blockpred.predict(volume, str(tmp_path / "out.zarr"), model="tests.networks:cancelling", precision="bf16",
                           **PINNED)
@@ -127,8 +129,10 @@ def test_an_output_started_at_fp32_resumed_at_auto_is_refused_naming_the_precisi
     blockpred.predict(volume, out, model="tests.networks:smooth", precision="fp32", **PINNED)  # the old default
     with pytest.raises(OutputExistsError, match="precision fp32 -> bf16.*--precision fp32 goes on at the precision"):
         blockpred.predict(volume, out, model="tests.networks:smooth", **PINNED)
+    written = read_volume(out)
     again = blockpred.predict(volume, out, model="tests.networks:smooth", precision="fp32", **PINNED)
-    assert again.num_resumed == again.plan.num_blocks
+    assert (again.num_resumed, again.stats.num_blocks) == (again.plan.num_blocks, 0)  # nothing redone
+    np.testing.assert_array_equal(read_volume(out), written)
 
 
 def test_auto_on_a_machine_without_cuda_that_runs_gpu_workers_is_tf32_unchecked():

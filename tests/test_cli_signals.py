@@ -1,0 +1,124 @@
+"""Ctrl-C during a run in process: the first says at once, in one line, that the run stops after the blocks in
+flight (it waits for them: a block on a CPU can take 19 s), and a second stops it now.  (SIGTERM and SIGHUP, in
+process and with workers: ``tests/cluster/test_cluster.py``.)
+
+The network holds every block at a gate (a file) that the test opens: while it is closed, the block in flight
+cannot finish, so a line read then was said before the run's end, and a run that ends then did not wait for it.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blockpred.cli import main
+from tests.helpers import child_env, write_test_volume
+
+NOTED = "blockpred: stopping after the blocks in flight; Ctrl-C again to stop now"
+INTERRUPTED = "blockpred: interrupted; finished blocks are kept: run the same command again to resume"
+#: Seconds a test waits for what must come (a bound against a hang, not a measure).
+PATIENCE_S = 180
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> str:
+    data = np.random.default_rng(3).integers(1, 255, (16, 32, 64), dtype=np.uint8)  # no block all zeros
+    return write_test_volume(str(tmp_path_factory.mktemp("signals") / "in.zarr"), data, chunks=(16, 16, 16))
+
+
+class GatedRun:
+    """``blockpred run`` of a network held at a closed gate, as a terminal's foreground job; its stderr read line
+    by line as it comes."""
+
+    def __init__(self, source: str, folder: Path):
+        self.gate, self.arrived, self.output = folder / "gate", folder / "arrived", str(folder / "out.zarr")
+        self.gate.touch()
+        self.argv = ["run", source, self.output, "--model", "tests.networks:gated", "--model-kwargs",
+                     f"gate_file={self.gate},held_file={self.arrived}", "--device", "cpu", "--block", "16",
+                     "--batch-size", "1", "--memory-format", "contiguous", "--backend", "torch", "--no-progress"]
+        self.process = subprocess.Popen([sys.executable, "-m", "blockpred", *self.argv], env=child_env(),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True, preexec_fn=_default_sigint)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.said: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for_a_block_at_the_gate(self) -> None:
+        waited = 0.0
+        while not self.arrived.exists():
+            assert self.process.poll() is None, f"the run ended (exit {self.process.returncode}) before any block"
+            assert waited < PATIENCE_S, "no block reached the gate"
+            threading.Event().wait(0.02)
+            waited += 0.02
+
+    def wait_for_line(self, expected: str) -> None:
+        while True:
+            line = self.lines.get(timeout=PATIENCE_S)
+            assert line is not None, f"stderr ended without {expected!r}: {self.said}"
+            self.said.append(line)
+            if line == expected:
+                return
+
+    def finish(self) -> int:
+        code = self.process.wait(timeout=PATIENCE_S)
+        while (line := self.lines.get(timeout=PATIENCE_S)) is not None:
+            self.said.append(line)
+        return code
+
+    def close(self) -> None:
+        self.gate.unlink(missing_ok=True)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _default_sigint() -> None:  # as a terminal's foreground job, even under a shell that ignores SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow
+def test_the_first_ctrl_c_says_at_once_that_the_run_stops_after_the_blocks_in_flight(source, tmp_path, capsys):
+    run = GatedRun(source, tmp_path)
+    try:
+        run.wait_for_a_block_at_the_gate()
+        run.process.send_signal(signal.SIGINT)
+        run.wait_for_line(NOTED)
+        assert run.process.poll() is None  # said while the block in flight was still held at the gate
+        run.gate.unlink()
+        assert run.finish() == 130, run.said
+    finally:
+        run.close()
+    assert run.said.count(NOTED) == 1 and run.said[-1] == INTERRUPTED, run.said
+    assert not any("Traceback" in line for line in run.said), run.said
+    assert not Path(run.output + ".blockpred", "_root.lock").exists(), "the lock was left behind"
+    capsys.readouterr()
+    assert main(run.argv) == 0  # the gate is open: the same command resumes, and the blocks in flight were kept
+    assert "already done)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_the_run_now_without_waiting_for_the_blocks_in_flight(source, tmp_path):
+    run = GatedRun(source, tmp_path)
+    try:
+        run.wait_for_a_block_at_the_gate()
+        run.process.send_signal(signal.SIGINT)
+        run.wait_for_line(NOTED)
+        run.process.send_signal(signal.SIGINT)
+        assert run.finish() == 130, run.said  # with the gate closed: the block in flight was not waited for
+    finally:
+        run.close()
+    assert run.said.count(NOTED) == 1 and run.said[-1] == INTERRUPTED, run.said
+    assert not any("Traceback" in line for line in run.said), run.said
+    assert not Path(run.output + ".blockpred", "_root.lock").exists(), "the lock was left behind"
