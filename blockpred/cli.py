@@ -69,9 +69,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    help="writer threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--prefetch", type=int, help="blocks read ahead of the device [4]")
     g.add_argument("--memory-limit", metavar="SIZE",
-                   help="peak memory of this process (each local worker) that the CPU's block and batch trials keep "
-                        "to, e.g. 2GB or 1.5GiB; not --memory, a SLURM job's memory [what it holds and half the "
-                        "available memory per worker]")
+                   help="peak memory of this process (each local worker), e.g. 2GB or 1.5GiB: a block foreseen over "
+                        "it is refused before it runs, and the CPU's block and batch trials keep to it; not --memory, "
+                        "a SLURM job's memory [what it holds and half the available memory per worker]")
     g = parser.add_argument_group("workers (dask)")
     g.add_argument("--workers", type=int, help="local dask workers; 1 runs one worker through dask [one per "
                    "visible GPU; with one GPU or none, the run goes in this process, without dask]")
@@ -96,7 +96,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                    "[the site's config, else 00:30:00]")
     g.add_argument("--cores", type=int, help="CPU cores per job (cores) [the site's config]")
     g.add_argument("--memory", help="memory per job, e.g. 16GB (memory); not --memory-limit, the budget of "
-                   "blockpred's own trials [the site's config]")
+                   "blockpred's own blocks and trials [the site's config]")
     g.add_argument("--gpus-per-job", type=int, help="GPUs per job (--gres=gpu:N); 0 for CPU jobs "
                    "[0 with --device cpu, else 1]")
     g.add_argument("--jobqueue-config", metavar="FILE",

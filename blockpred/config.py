@@ -90,7 +90,7 @@ class RunConfig:
     num_writers: int | None = None
     #: Blocks read ahead of the device; with the batch and pending writes this bounds memory.
     prefetch: int = 4
-    #: Peak resident memory ("2GB", "1.5GiB") the CPU's trials keep to; None: half the free per worker (tuning.hostbudget).
+    #: Peak resident memory ("2GB"): a block foreseen over it is refused (run.memcheck), and the trials keep to it.
     memory_limit: int | None = None
     overwrite: bool = False
     progress: bool = True

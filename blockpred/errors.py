@@ -46,6 +46,11 @@ class InvalidOptionError(BlockpredError, ValueError):
     """An option (block, halo, ROI, precision, normalisation...) is invalid."""
 
 
+class MemoryBudgetError(InvalidOptionError):
+    """A block (or ``--memory-limit``) the memory cannot hold, foreseen before the network runs at it (see
+    :mod:`blockpred.run.memcheck`)."""
+
+
 class StorageAccessError(BlockpredError, PermissionError):
     """An object store refused a request (credentials) or could not be reached (endpoint)."""
 

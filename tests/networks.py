@@ -62,6 +62,24 @@ class FailsOnMarker(torch.nn.Module):
         return x * 0.5
 
 
+class ShapesLogged(Logged):
+    """The tiny preset, appending each pass's input shape (``1x1x84x84x84``), dry runs included, to a file."""
+
+    def forward(self, x):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, ("x".join(map(str, x.shape)) + "\n").encode())
+        finally:
+            os.close(fd)
+        return self.net(x)
+
+
+def shapes_logged(log_path: str, delay_s: float = 0.0) -> ShapesLogged:
+    return ShapesLogged(log_path, delay_s)
+
+
 def logged(log_path: str, delay_s: float = 0.0, default_block: int | None = None,
            delay_while: str | None = None) -> Logged:
     return Logged(log_path, delay_s, default_block, delay_while)

@@ -20,27 +20,20 @@ from typing import Callable
 import numpy as np
 
 from ..config import MEMORY_FORMATS, RunConfig
-from ..errors import InvalidOptionError, ModelLoadError
+from ..errors import ModelLoadError
 from ..geometry import Coord
 from ..io import VolumePath, supports_sharding
 from ..models.field import NetworkField, network_field, stated_field
 from ..models.planes import stack_axis
-from ..pipeline import DeviceSteps, Predictor, is_out_of_memory
+from ..pipeline import Predictor, is_out_of_memory
 from ..pipeline.blocking import BlockPlan, blocks_per_axis, plan_blocks
-from ..pipeline.job import ModelSpec
-from ..tuning.autosize import (
-    SizeChoice,
-    SizeProblem,
-    Trial,
-    choose_sizes,
-    probe_block,
-    quick_trial_passes,
-)
+from ..tuning.autosize import SizeChoice, Trial, probe_block, quick_trial_passes
 from ..tuning.defaults import Defaults, measuring_budget
-from ..tuning.hostbudget import HostBudget, keeping_outputs
+from ..tuning.hostbudget import HostBudget
 from ..tuning.memformat import FormatChoice
-from ..tuning.network import NetworkGeometry, probe_network
-from ..tuning.tensors import max_input_voxels, over_index_limit
+from ..tuning.network import NetworkGeometry, geometry_at, probe_network
+from ..tuning.passmemory import PassMemory
+from ..tuning.tensors import over_index_limit
 from .formats import (
     BACKEND_BUDGET_FRACTION,
     OPENVINO_TRIAL_PASSES,
@@ -48,10 +41,11 @@ from .formats import (
     choose_format,
     model_key_of,
     wants_backend,
-    worker_predictor,
 )
 from .halo import HaloChoice, choose_halo, cut_to_volume, grow_start_block
 from .layout import OutputLayout, block_step, choose_layout
+from .memcheck import check_block, check_limit, foresee, least_block, measure_input
+from .sizes import auto_size, index_limited, on_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -154,13 +148,16 @@ class Layout:
     halo: HaloChoice | None = None
     #: The network's downsampling: named, found, or stated by the model.
     downsampling: Coord = Coord((1, 1, 1))
+    #: The memory of its pass per voxel, counted for the check before the dry run (cached once the run is
+    #: accepted: :func:`blockpred.tuning.passmemory.remember`); None where not counted.
+    pass_memory: PassMemory | None = None
 
 
 def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume_block: Coord | None,
                 target_path: VolumePath, measure: bool = True, todo_share: float = 1.0,
                 after_dry_run: Callable[[NetworkGeometry, Coord], None] | None = None,
                 field: NetworkField | None = None, resume_halo: Coord | None = None,
-                host_budget: HostBudget | None = None) -> Layout:
+                host_budget: HostBudget | None = None, plan_only: bool = False) -> Layout:
     """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run.
 
     ``after_dry_run(geometry, halo)`` runs once the start block's dry run is done, before anything is measured
@@ -168,6 +165,10 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     grid and receptive field (:func:`network_field_of`), which give the downsampling and the default halo;
     ``resume_block`` / ``resume_halo``: what the run being resumed started with (kept where none is named).
     ``host_budget``: the host memory the CPU's size trials keep to (:mod:`blockpred.tuning.hostbudget`).
+    The block's memory is checked before its dry run (:mod:`blockpred.run.memcheck`).  ``plan_only``
+    (``blockpred plan``): the dry runs go at the least block (:func:`~blockpred.run.memcheck.least_block`), and
+    their geometry is taken to the block (:func:`~blockpred.tuning.network.geometry_at`): the network never runs
+    at a block the plan only foresees.
     """
     downsampling = network_downsampling(cfg, model, field)
     plane_axis = stack_axis(model.plane) if model.plane is not None else None
@@ -208,27 +209,63 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     plan_blocks(volume_shape=source.spatial_shape, block_shape=block, halo=halo, roi=roi,
                 downsampling=downsampling, chunk_shape=None if output is None else output.write_unit)
     in_channels = source.num_channels or 1
+    step = block_step(downsampling, cfg.output_chunks, cfg.shards)
+    least = least_block(step, roi.shape, smallest)
+    foresight = None if fixed else foresee(
+        cfg, predictor, model_key_of(cfg, model), host_budget or HostBudget(cfg.memory_limit, prefetch=cfg.prefetch),
+        measure_input=_valid_input_hint(model, measure_input(downsampling), field) or measure_input(
+            downsampling, None if field is None else field.grid.min_shape),
+        halo=halo, downsampling=downsampling, raw_dtype=source.dtype, in_channels=in_channels)
+    batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 1
+
+    def fitted(block: Coord, origin: str) -> Coord:
+        """``block``, checked against the memory before its dry run (a start block of blockpred's made smaller)."""
+        if foresight is None:
+            return block
+        return check_block(foresight, block, batch=batch, origin=origin, step=step, least=least)
+
+    if foresight is not None:
+        check_limit(foresight, least)
+    if not searching:
+        block = fitted(block, "resumed" if keeps_block else "default" if start_block is None else "named")
+        output = layout_for(block)
+
+    def dry_run(block: Coord, halo: Coord) -> NetworkGeometry:
+        """The network's geometry at ``block``: its dry run there, or (``plan_only``) at the least block, whose warm
+        pass, timed and scaled by the input's voxels, stands for the block's (``started``: from there)."""
+        nonlocal started
+        at = least.minimum(block) if plan_only else block
+        geometry = probe(predictor, in_channels=in_channels, block=at, halo=halo, downsampling=downsampling,
+                         first_input=_valid_input_hint(model, at + halo * 2, field))
+        if at == block:
+            return geometry
+        scaled = geometry_at(geometry, block, halo, downsampling)
+        timed = time.perf_counter()
+        predictor.output_shape((1, in_channels) + tuple(geometry.input_shape))
+        warm_s = time.perf_counter() - timed
+        started = time.perf_counter() - warm_s * scaled.input_shape.prod() / geometry.input_shape.prod()
+        return scaled
+
     started = time.perf_counter()
-    geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling,
-                     first_input=_valid_input_hint(model, block + halo * 2, field))
+    geometry = dry_run(block, halo)
     if halo_defaulted and geometry.context != Coord((0, 0, 0)) and halo != Coord((0, 0, 0)):
         # The dry run showed a valid network the model did not announce: drop the default halo.
         halo = Coord((0, 0, 0))
         halo_choice = HaloChoice(halo, "valid", field, halo, plane_axis=plane_axis)
         started = time.perf_counter()
-        geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+        geometry = dry_run(block, halo)
     if (start_block is None and model.default_block is None and halo == Coord((0, 0, 0))
             and geometry.context == Coord((0, 0, 0)) and not searching):
-        larger = _choose_block(cfg.replace(block=None), ZERO_HALO_BLOCK, downsampling, roi.shape,
-                               smallest=smallest_block(model, field, halo))
+        larger = fitted(_choose_block(cfg.replace(block=None), ZERO_HALO_BLOCK, downsampling, roi.shape,
+                                      smallest=smallest_block(model, field, halo)), "default")
         if larger != block:  # nothing to waste in halos: the block that pays its per-block costs least often
             block = larger
             started = time.perf_counter()
-            geometry = probe(predictor, in_channels=in_channels, block=block, halo=halo, downsampling=downsampling)
+            geometry = dry_run(block, halo)
     dry_run_s = time.perf_counter() - started
     dry_run_precision = predictor.precision
     if after_dry_run is not None:
-        after_dry_run(geometry, halo)
+        after_dry_run(dry_run(least.minimum(block), halo) if plan_only else geometry, halo)
     batch_size, sizing, defaults, format_choice = cfg.batch_size, None, None, None
     if not searching and batch_size != "auto" and (
             cfg.block is None or batch_size is None or (cfg.memory_format is None and cfg.compile == "off")):
@@ -250,8 +287,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                                  downsampling=downsampling,
                                  first_input=_valid_input_hint(model, block + halo * 2, field))
     elif searching or batch_size == "auto":
-        sizing = _auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
-                            fixed_block=None if searching else block, host_budget=host_budget)
+        sizing = auto_size(cfg, source, roi, model, predictor, block, base_block, halo, geometry, downsampling,
+                           fixed_block=None if searching else block, host_budget=host_budget)
         batch_size = sizing.batch_size
         if sizing.block != block:
             block = sizing.block
@@ -265,19 +302,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                        input_shape=geometry.input_shape, roi=roi, downsampling=downsampling,
                        chunk_shape=output.write_unit)
     return Layout(plan, geometry, output, int(batch_size or 1), sizing, defaults, format_choice, halo_choice,
-                  downsampling)
-
-
-def on_cuda(cfg: RunConfig, predictor: Predictor) -> bool:
-    """Whether the blocks run on CUDA: this process's device, or the workers' (``--device cuda`` on a cluster)."""
-    return predictor.device.type == "cuda" or str(cfg.device).startswith("cuda")
-
-
-def index_limited(cfg: RunConfig, predictor: Predictor) -> bool:
-    """Whether the size search keeps to CUDA's index limit: on CUDA, and wherever workers elsewhere choose
-    (``--scheduler``, ``--cluster``: a GPU this process cannot see; on a CPU worker the limit is far above
-    any block its memory holds)."""
-    return on_cuda(cfg, predictor) or cfg.scheduler is not None or cfg.cluster is not None
+                  downsampling, None if foresight is None else foresight.memory)
 
 
 def _warn_over_index_limit(geometry: NetworkGeometry, batch_size: int) -> None:
@@ -363,10 +388,10 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
                 left = measuring_budget(blocks * seconds)
             # With a known trial the search costs nothing more where the budget is spent: it may still take
             # a larger block untimed (see autosize.pick).
-            chosen_sizes = _auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
-                                      fixed_block=None if want_block else block, quick_s=max(0.0, left),
-                                      cached_only=left <= 0 and not known, known=known, host_budget=host_budget,
-                                      cold_s=cold_s)
+            chosen_sizes = auto_size(cfg, source, roi, model, predictor, block, block, halo, geometry, downsampling,
+                                     fixed_block=None if want_block else block, quick_s=max(0.0, left),
+                                     cached_only=left <= 0 and not known, known=known, host_budget=host_budget,
+                                     cold_s=cold_s)
         return chosen_format, chosen_sizes
 
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
@@ -375,11 +400,14 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     estimated, out_of_memory = blocks * dry_run_s, False
     exact = (predictor.backend, predictor.precision, predictor.memory_format) == ("torch", "fp32", "contiguous")
     sample = geometry.sample if warm and geometry.sample is not None and geometry.sample[0].shape == shape else None
-    if not complete and measure and measuring_budget(estimated) > 0:
+    cuda = predictor.device.type == "cuda"
+    # On the CPU a pass is about as long warm as its dry run was: one the budget cannot afford would be timed
+    # again for nothing (a 128x512x512 volume in one block: 34 s again, after its 37 s dry run).
+    unaffordable = not cuda and sample is None and dry_run_s > measuring_budget(estimated)
+    if not complete and measure and measuring_budget(estimated) > 0 and not unaffordable:
         # The dry run was the process's first pass (thread pools, kernels, allocators): time a warm one, unless
         # the network ran in this process before it (the dry run then kept its data: see plan_layout).
         batch = sample[0] if sample is not None else np.random.default_rng(0).random(shape, dtype=np.float32)
-        cuda = predictor.device.type == "cuda"
         try:
             if cuda and not warm:
                 predictor(batch)  # cuDNN's first pass at this precision: not the run's
@@ -410,6 +438,9 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         how = "not measured yet: the run measures"
     elif out_of_memory:
         how = "not measured: the start block ran out of device memory in a timed pass"
+    elif unaffordable and measuring_budget(estimated) > 0:
+        how = (f"not measured: a pass at the start block ({dry_run_s:.1f} s, its dry run's) is longer than the "
+               f"{measuring_budget(estimated):.1f} s measuring may take of a run estimated at {estimated:.1f} s")
     else:
         how = (f"not measured: the run is estimated at {estimated:.1f} s at the start block, too short "
                f"for measuring to pay")
@@ -421,56 +452,6 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         backend=(format_choice.backend if format_choice is not None else "torch") if want_backend else None,
         estimated_run_s=estimated, measured_s=spent() if measured else 0.0, how=how)
     return defaults, sizing, format_choice
-
-
-def _auto_size(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, base_block: Coord,
-               halo: Coord, geometry: NetworkGeometry, downsampling: Coord, fixed_block: Coord | None,
-               quick_s: float | None = None, cached_only: bool = False,
-               known: tuple = (), host_budget: HostBudget | None = None, cold_s: float = 0.0) -> SizeChoice | None:
-    """``--block auto`` / ``--batch-size auto``: trial passes on the device (cached).
-
-    ``quick_s`` / ``cached_only``: the measured defaults' search (see
-    :func:`blockpred.tuning.autosize.choose_sizes`); None when ``cached_only`` finds nothing.
-    With ``--scheduler`` the trials run on one of the cluster's workers, whose device the blocks will run on;
-    otherwise on this process's device.  ``host_budget``'s queue takes the outputs as the run keeps them.
-    ``block`` is the one ``geometry`` was probed at; the search starts at ``base_block``.
-    """
-    check_channels(cfg.channels, geometry)  # before trials that would select them
-    step = block_step(downsampling, cfg.output_chunks, cfg.shards)
-    scale, offset = cfg.normalize.scale_offset(source.dtype)
-    problem = SizeProblem(
-        in_channels=source.num_channels or 1, raw_dtype=source.dtype, halo=halo, context=geometry.context,
-        input_extra=geometry.input_shape - (block + (halo + geometry.context) * 2), step=step,
-        base_block=base_block, roi=roi,
-        steps=DeviceSteps(scale=scale, offset=offset, channels=cfg.channels, output_dtype=cfg.output_dtype),
-        fixed_block=fixed_block, fixed_batch=None if cfg.batch_size in ("auto", None) else cfg.batch_size,
-        max_input_voxels=max_input_voxels(geometry.largest_per_voxel) if index_limited(cfg, predictor) else None,
-    )
-    key = model_key_of(cfg, model)
-    host_budget = keeping_outputs(host_budget, cfg, geometry.out_channels)
-    if cfg.scheduler is None:
-        choice = choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
-                              known=known, host_budget=host_budget, cold_s=cold_s)
-    else:  # the trials belong on the workers' devices, which this machine may not have
-        from ..cluster.scheduler import run_on_a_worker
-
-        spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
-        choice = run_on_a_worker(cfg.scheduler, _choose_sizes_on_worker, spec, cfg.device, predictor.precision,
-                                 cfg.compile, predictor.memory_format, problem, key, quick_s, cached_only, host_budget,
-                                 predictor.backend, cfg.tta)
-    logger.info("sizes: %s", choice)
-    return choice
-
-
-def _choose_sizes_on_worker(spec: ModelSpec, device: str, precision: str, compile: str, memory_format: str,
-                            problem: SizeProblem, key: dict, quick_s: float | None, cached_only: bool,
-                            host_budget: HostBudget | None = None, backend: str = "torch",
-                            tta: str = "off") -> SizeChoice | None:
-    """:func:`choose_sizes` on a dask worker's device (its cache, too, is the worker's), with the run's backend."""
-    predictor = worker_predictor(spec, device, precision, tta, compile=compile, memory_format=memory_format,
-                                 backend=backend, backend_key=key)
-    return choose_sizes(predictor, problem, model_key=key, quick_s=quick_s, cached_only=cached_only,
-                        host_budget=host_budget)  # resolved on the worker: its memory
 
 
 def start_format(cfg: RunConfig) -> str:
@@ -487,14 +468,3 @@ def _valid_input_hint(model, output_shape: Coord, field: NetworkField | None = N
     if model.padding != "valid" or shape_for is None:
         return None
     return Coord(shape_for(output_shape))
-
-
-def check_channels(channels: tuple[int, ...] | None, geometry: NetworkGeometry) -> tuple[int, ...] | None:
-    if channels is None:
-        return None
-    bad = [c for c in channels if not 0 <= c < geometry.out_channels]
-    if bad or not channels:
-        raise InvalidOptionError(
-            f"channels {list(channels)} must be indices into the network's {geometry.out_channels} output channels"
-        )
-    return channels

@@ -35,21 +35,25 @@ from ..io.base import folder_format
 from ..models.bioimageio import is_package
 from ..models.planes import check_halo
 from ..pipeline import DeviceSteps, PipelineSettings, Predictor, resolve_device
-from ..pipeline.blocking import BlockPlan, small_block_warning
+from ..pipeline.blocking import small_block_warning
 from ..pipeline.job import ModelSpec
 from ..pipeline.markers import DoneMarkers, as_json, describe_changes, markers_path
 from ..pipeline.padding import read_padded
 from ..tuning.defaults import Defaults
 from ..tuning.hostbudget import named_block_warning, run_budget
+from ..tuning.passmemory import remember
 from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
-from .choose import check_channels, network_field_of, plan_layout, start_format
+from .choose import network_field_of, plan_layout, start_format
 from .cpu_precision import LOW, compare_with_fp32, openvino_bf16, slow_precision_warning
+from .fingerprint import finished_layout
+from .fingerprint import fingerprint as run_fingerprint
 from .formats import choose_format, model_key_of, wants_backend
-from .layout import OutputLayout, block_step
+from .layout import block_step
 from .mask import Mask
 from .output import check_inodes, check_place_free
 from .plan import count_left
 from .prepared import Prepared
+from .sizes import check_channels
 
 logger = logging.getLogger(__name__)
 
@@ -247,12 +251,14 @@ def check_written_places(cfg: RunConfig, protected: list[tuple[str, VolumePath |
 
 
 def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: VolumePath,
-            on_paths_checked: Callable[[DoneMarkers | None], None] | None = None, measure: bool = True) -> Prepared:
+            on_paths_checked: Callable[[DoneMarkers | None], None] | None = None, measure: bool = True,
+            plan_only: bool = False) -> Prepared:
     """Every check and the plan; writes nothing (see :func:`create_output`).
 
     ``measure=False`` (``blockpred plan``) leaves ``memory_format="auto"`` and
     the measured defaults unmeasured (what is cached is used): the run
-    measures them.
+    measures them.  ``plan_only`` (``blockpred plan``): the network runs at a
+    small block only (see :func:`~blockpred.run.choose.plan_layout`).
 
     ``on_paths_checked(previous)`` is called once the input, the output path,
     the ROI and the worker options have passed, before the model is loaded
@@ -355,22 +361,29 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         measure = False  # this machine has not the jobs' device: timing here would choose for the wrong one
     checked = auto and precision in LOW  # auto's low precision: compared with fp32 first
     checked |= not auto and precision in LOW and device.type == "cpu" and measure and cfg.scheduler is None
-    field = network_field_of(cfg, model, in_channels)
-    host_budget = run_budget(cfg, writers=cfg.num_writers or default_io_threads(cfg))  # the CPU's trials keep to it
-    layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
-                         todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None,
-                         field=field, resume_halo=resume_halo, host_budget=host_budget)
-    cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
+    # Every block done by a run of these settings: nothing to choose, nothing to run (see .fingerprint).
+    finished = (finished_layout(cfg, source, source_path, target_path, model, previous, mask, predictor.precision)
+                if resumed else None)
+    if finished is not None:
+        cfg, layout = finished
+    else:
+        field = network_field_of(cfg, model, in_channels)
+        host_budget = run_budget(cfg, writers=cfg.num_writers or default_io_threads(cfg))  # the CPU's trials' budget
+        layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
+                             todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None,
+                             field=field, resume_halo=resume_halo, host_budget=host_budget, plan_only=plan_only)
+        cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
+        step = block_step(layout.downsampling, cfg.output_chunks, cfg.shards)
+        warnings = [layout.halo.warning() if layout.halo is not None and not resumed else "",  # said at its start
+                    small_block_warning(layout.plan, step),
+                    cpu_check.warning() if cpu_check is not None else slow_precision_warning(cfg.precision, device,
+                                                                                             predictor.backend),
+                    _long_run_warning(layout.defaults, device),
+                    named_block_warning(host_budget, cfg, layout.plan, layout.batch_size, layout.geometry,
+                                        source.dtype, device.type)]
+        for warning in filter(None, warnings):
+            logger.warning("%s", warning)
     plan, geometry, output = layout.plan, layout.geometry, layout.output
-    step = block_step(layout.downsampling, cfg.output_chunks, cfg.shards)
-    warnings = [layout.halo.warning() if layout.halo is not None and not resumed else "",  # said at its start
-                small_block_warning(plan, step),
-                cpu_check.warning() if cpu_check is not None else slow_precision_warning(cfg.precision, device,
-                                                                                         predictor.backend),
-                _long_run_warning(layout.defaults, device),
-                named_block_warning(host_budget, cfg, plan, layout.batch_size, geometry, source.dtype, device.type)]
-    for warning in filter(None, warnings):
-        logger.warning("%s", warning)
     channels = check_channels(cfg.channels, geometry)
     settings = PipelineSettings(
         batch_size=layout.batch_size, num_readers=cfg.num_readers or default_io_threads(cfg),
@@ -381,7 +394,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         missing_chunks=cfg.missing_chunks,
         planes_along=getattr(model.module, "planes_along", None),  # a 2D package's per-plane statistics
     )
-    fingerprint = as_json(_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
+    fingerprint = as_json(run_fingerprint(cfg, source, source_path, model, plan, output, channels, mask))
     if resumed:
         changes = describe_changes(previous.fingerprint, fingerprint)
         if changes:
@@ -396,13 +409,15 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
     work = count_left(plan, output.write_unit, masked=masked, previous=previous if resumed else None)
     check_inodes(target_path, plan, layout.output, work.files)
     format_choice = layout.format_choice
-    backend_open = wants_backend(cfg, model, predictor) and layout.defaults is None
-    if format_choice is None and measure and cfg.backend in ("auto", "torch") and (cfg.memory_format == "auto" or backend_open or (
+    backend_open = finished is None and layout.defaults is None and wants_backend(cfg, model, predictor)
+    if format_choice is None and measure and finished is None and cfg.backend in ("auto", "torch") and (cfg.memory_format == "auto" or backend_open or (
             cfg.memory_format is None and cfg.compile == "off" and layout.defaults is None)):
         # Asked for, or left to blockpred in a run that asked for size trials (--block/--batch-size auto).
         layouts = MEMORY_FORMATS if cfg.memory_format in ("auto", None) else (cfg.memory_format,)
         format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape),
                                       layouts=layouts, backends=("torch", "openvino") if backend_open else ("torch",))
+    if not plan_only:  # every check passed: the count the memory check made is kept for the next run
+        remember(layout.pass_memory)
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
                     resumed, previous, masked, format_choice, precision_note, work)
 
@@ -466,24 +481,3 @@ def _client_device(cfg: RunConfig):
     if joining and str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
         return resolve_device("cpu")
     return resolve_device(cfg.device)
-
-
-def _fingerprint(cfg: RunConfig, source, source_path: VolumePath, model, plan: BlockPlan, output: OutputLayout,
-                 channels, mask: Mask | None) -> dict:
-    """Everything that decides the output's values and layout (see :mod:`blockpred.pipeline.markers`)."""
-    return {
-        "input": identity.real_name(source_path), "input_shape": source.shape, "input_dtype": str(source.dtype),
-        "model": model.name if isinstance(cfg.model, (str, os.PathLike)) else model.kind,
-        "model_weights": model.weights_sha256, "model_kwargs": dict(cfg.model_kwargs),
-        "roi": [plan.roi.begin, plan.roi.end], "block": plan.block_shape, "halo": plan.halo,
-        "network_input": plan.input_shape, "context": plan.context,
-        "normalize": str(cfg.normalize), "pad_mode": cfg.pad_mode, "pad_value": cfg.pad_value,
-        "precision": cfg.precision, "output_dtype": cfg.output_dtype.name, "output_chunks": output.chunks,
-        "output_shards": output.shards,
-        "channels": channels, "skip_empty": cfg.skip_empty,
-        "mask": None if mask is None else [identity.real_name(mask.path), mask.mask_shape],
-        **({"tta": cfg.tta} if cfg.tta != "off" else {}),  # absent when off: outputs of older runs still resume
-        **({"plane": model.plane} if model.plane is not None else {}),
-    }
-
-

@@ -287,8 +287,9 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
          gpus: tuple[int, ...] = (1, 2, 4, 8), **options: Any) -> RunPlan:
     """What :func:`predict` with the same arguments would do, with nothing run or written.
 
-    Runs every check and the dry run of the network (``block="auto"`` runs its
-    trials), then counts blocks, masked and finished ones, voxels and output
+    Runs every check and the dry run of the network at a small block (the
+    block's memory foreseen from it: a block too large for the memory is refused,
+    never run; ``block="auto"`` runs its trials), then counts blocks, masked and finished ones, voxels and output
     files in bulk.  The runtime for each count in ``gpus`` uses
     ``assume_mvox_per_s``, else the last throughput measured for this network
     and precision (see :class:`blockpred.run.plan.ThroughputLog`), else is unknown.
@@ -299,7 +300,7 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
         raise InvalidOptionError(f"GPU counts must be positive, got {list(gpus)}")
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
     with open_volume(source_path) as source:
-        p = prepare(cfg, source, source_path, target_path, measure=False)
+        p = prepare(cfg, source, source_path, target_path, measure=False, plan_only=True)
         volume_shape, dtype, voxel_size = source.spatial_shape, str(source.dtype), source.voxel_size
     block_plan, work = p.layout.plan, p.work  # counted by prepare with no value per block (plan.count_left)
     if assume_mvox_per_s is not None:

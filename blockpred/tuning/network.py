@@ -9,7 +9,7 @@ then checks the input shape that yields exactly ``block + 2 x halo``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -136,3 +136,14 @@ def probe_network(
             f"to {tuple(valid_output)}, not {tuple(wanted)}; try another block size"
         )
     return NetworkGeometry(in_channels, out_channels, valid_input, valid_output, context, per_voxel)
+
+
+def geometry_at(geometry: NetworkGeometry, block: Coord, halo: Coord, downsampling: Coord) -> NetworkGeometry:
+    """``geometry``, found by a dry run at a smaller block, at ``block``, not run: a 'same' network maps its input
+    (block + 2 x halo, rounded up to the downsampling) to itself, a valid one block + 2 x (halo + context) to
+    block + 2 x halo (``blockpred plan`` foresees a block it does not run)."""
+    if geometry.context == Coord((0, 0, 0)):
+        shape = (block + halo * 2).ceil_div(downsampling) * downsampling
+        return replace(geometry, input_shape=shape, output_shape=shape, sample=None)
+    return replace(geometry, input_shape=block + (halo + geometry.context) * 2, output_shape=block + halo * 2,
+                   sample=None)

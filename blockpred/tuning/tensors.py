@@ -15,11 +15,22 @@ takes (:class:`LargestTensor`, a ``TorchDispatchMode``: TorchScript networks
 are seen as well), the network's parameters and buffers left out.  Divided by
 the input's voxels it gives the elements per input voxel, which the block
 search on CUDA keeps under the limit (:func:`max_input_voxels`).
+
+:class:`PeakFunctions` (and :class:`PeakTensors`, at the dispatcher's level)
+count more: the bytes of the tensors alive at once, at their peak, with what a
+convolution holds while it runs beyond its output (on the CPU, oneDNN's copies
+of its output, and of an input of 16 channels or more, in a layout that pads
+the channels to a multiple of 16).  Divided by the voxels it gives the memory a
+pass takes per voxel, which :mod:`blockpred.tuning.passmemory` foresees a
+block's memory from before the network runs at it.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -43,6 +54,89 @@ class LargestTensor(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) not in self.exclude:
                 self.elements = max(self.elements, tensor.numel())
         return out
+
+
+#: oneDNN's blocked layouts pad the channels to a multiple of this (AVX-512's 16 floats; AVX2's 8 pad less).
+CHANNEL_BLOCK = 16
+
+
+class _Peak:
+    """The count :class:`PeakTensors` and :class:`PeakFunctions` keep: :attr:`elements`, the largest tensor; and
+    :attr:`peak_bytes`, the most bytes the tensors made under the mode held at once (their storages, each counted once
+    however many views it has, until it is freed), starting from ``held_bytes`` (the input's), with a convolution's
+    copies of its output and of an input of :data:`CHANNEL_BLOCK` channels or more while it runs (see the module
+    docstring).  ``exclude``'s shapes (the weights and their casts) are not counted; :attr:`calls` counts the calls
+    seen."""
+
+    def _begin(self, exclude: frozenset[tuple[int, ...]], held_bytes: int) -> None:
+        self.exclude = exclude
+        self.elements = self.calls = 0
+        self.live_bytes = self.peak_bytes = held_bytes
+        self._storages: dict[int, int] = {}
+
+    def _seen(self, name: str, args, kwargs, out) -> None:
+        self.calls += 1
+        for tensor in tree_flatten((args, kwargs, out))[0]:
+            if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) not in self.exclude:
+                self.elements = max(self.elements, tensor.numel())
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        for tensor in outputs:
+            if tuple(tensor.shape) not in self.exclude:
+                self._hold(tensor.untyped_storage())
+        during = self.live_bytes
+        if "conv" in name and outputs and args and isinstance(args[0], torch.Tensor):
+            during += _reordered_bytes(outputs[0]) + (_reordered_bytes(args[0]) if args[0].ndim > 1 and
+                                                      args[0].shape[1] >= CHANNEL_BLOCK else 0)
+        self.peak_bytes = max(self.peak_bytes, during)
+
+    def _hold(self, storage) -> None:
+        key = storage.data_ptr()
+        if key in self._storages or storage.nbytes() == 0:
+            return
+        self._storages[key] = storage.nbytes()
+        self.live_bytes += storage.nbytes()
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.live_bytes -= self._storages.pop(key, 0)
+
+
+class PeakFunctions(_Peak, TorchFunctionMode):
+    """The count of :class:`_Peak` over torch's functions (``conv3d``, ``cat``, a tensor's methods): what a
+    network written in Python calls.  A TorchScript network's calls are not seen (:attr:`calls` stays 0)."""
+
+    def __init__(self, exclude: frozenset[tuple[int, ...]] = frozenset(), held_bytes: int = 0):
+        super().__init__()
+        self._begin(exclude, held_bytes)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._seen(getattr(func, "__name__", ""), args, kwargs, out)
+        return out
+
+
+class PeakTensors(_Peak, TorchDispatchMode):
+    """The count of :class:`_Peak` over the dispatcher's operations: a TorchScript network's too, and what autocast
+    casts.  Its first use in a process imports ``torch._dynamo`` (1-2 s on two cores): for a network whose functions
+    :class:`PeakFunctions` cannot see."""
+
+    def __init__(self, exclude: frozenset[tuple[int, ...]] = frozenset(), held_bytes: int = 0):
+        super().__init__()
+        self._begin(exclude, held_bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._seen(func.__name__, args, kwargs, out)
+        return out
+
+
+def _reordered_bytes(tensor: torch.Tensor) -> int:
+    """The bytes of ``tensor`` with its channels (axis 1) padded to a multiple of :data:`CHANNEL_BLOCK`."""
+    if tensor.ndim < 2 or tensor.shape[1] == 0:
+        return 0
+    channels = tensor.shape[1]
+    padded = -(-channels // CHANNEL_BLOCK) * CHANNEL_BLOCK
+    return tensor.numel() * tensor.element_size() * padded // channels
 
 
 def weight_shapes(module: torch.nn.Module) -> frozenset[tuple[int, ...]]:

@@ -4,19 +4,18 @@ Real passes of the ``tiny`` preset on the CPU, on small blocks; the budget's lim
 every larger trial), so no outcome depends on the machine's free memory.
 """
 
-import logging
 import platform
 
 import numpy as np
 import pytest
 import torch
 
-import blockpred
 from blockpred.cli import main
 from blockpred.config import make_config
 from blockpred.geometry import Box, Coord
 from blockpred.models.loading import load_model
 from blockpred.pipeline import Predictor
+from blockpred.pipeline.blocking import plan_blocks
 from blockpred.pipeline.hostmem import (
     ResidentPeak,
     keep_freed_memory,
@@ -25,7 +24,8 @@ from blockpred.pipeline.hostmem import (
     resident_bytes,
 )
 from blockpred.tuning.autosize import SizeCache, SizeProblem, Trial, choose_sizes
-from blockpred.tuning.hostbudget import OVER_BUDGET, HostBudget, HostMeter
+from blockpred.tuning.hostbudget import OVER_BUDGET, HostBudget, HostMeter, named_block_warning
+from blockpred.tuning.network import NetworkGeometry
 from blockpred.tuning.sizecache import CachedSizes
 from tests.helpers import write_test_volume
 
@@ -56,20 +56,27 @@ def test_a_trial_foreseen_over_the_memory_limit_is_not_run_and_the_search_stays_
     assert "over the memory budget" in str(choice)
 
 
-def test_a_named_block_is_kept_at_batch_1_over_the_memory_limit_from_yaml_with_one_warning(tmp_path, caplog):
+def test_a_memory_limit_from_yaml_below_what_the_smallest_block_takes_is_one_line_and_nothing_is_written(tmp_path,
+                                                                                                        capsys):
     volume = write_test_volume(tmp_path / "in.zarr", np.random.default_rng(0).integers(0, 255, (16, 32, 64), np.uint8))
     config = tmp_path / "run.yaml"
     config.write_text("model: tiny\nhalo: 10\nmemory_limit: 1MB\n")
-    before = resident_bytes()
-    with caplog.at_level(logging.WARNING, logger="blockpred"):
-        summary = blockpred.predict(volume, tmp_path / "out.zarr", config=config, device="cpu", block="16,32,32",
-                                    batch_size="auto", backend="torch", memory_format="contiguous", progress=False)
-    assert summary.batch_size == 1 and summary.plan.block_shape == Coord((16, 32, 32))
-    assert [(t.batch_size, t.outcome) for t in summary.sizing.trials] == [(1, "ok"), (2, OVER_BUDGET)]
-    warnings = [r.getMessage() for r in caplog.records if "over the memory limit of" in r.getMessage()]
-    assert len(warnings) == 1 and "block 16x32x32 at batch 1" in warnings[0] and "\n" not in warnings[0]
-    # The summary's peak is this process's: at least what it held, at most its peak read now.
-    assert before <= summary.peak_rss_bytes <= peak_resident_bytes()
+    code = main(["run", volume, str(tmp_path / "out.zarr"), "--config", str(config), "--device", "cpu", "--block",
+                 "16,32,32", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert "--memory-limit 1 MiB is below what a run takes" in err and "block 16x16x16 (input 36x36x36" in err
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_a_named_block_over_the_budget_after_its_dry_run_is_said_in_one_line(tmp_path):
+    """Foreseen within the budget before its dry run, measured over it after: not refused (the user named it), said."""
+    cfg = make_config(model="tiny", block="16,32,32", memory_limit="1MB")
+    plan = plan_blocks(volume_shape=Coord((16, 32, 64)), block_shape=Coord((16, 32, 32)), halo=Coord((10, 10, 10)))
+    geometry = NetworkGeometry(1, 2, plan.input_shape, plan.input_shape, Coord((0, 0, 0)))
+    line = named_block_warning(HostBudget(limit_bytes=10**6), cfg, plan, 1, geometry, np.dtype("uint8"), "cpu")
+    assert line.startswith("block 16x32x32 at batch 1 is foreseen to take") and "over the memory limit of" in line
+    assert named_block_warning(HostBudget(limit_bytes=2**50), cfg, plan, 1, geometry, np.dtype("uint8"), "cpu") == ""
 
 
 @pytest.mark.parametrize("text, size", [("2GB", 2 * 10**9), ("1.5GiB", 3 * 2**29), ("800 MB", 8 * 10**8),

@@ -140,7 +140,7 @@ def test_a_network_the_count_breaks_still_runs_uncounted():
 
 def test_the_limit_holds_on_cuda_and_wherever_workers_this_process_cannot_see_choose():
     from blockpred.config import RunConfig
-    from blockpred.run.choose import index_limited
+    from blockpred.run.sizes import index_limited
 
     cpu = Predictor(torch.nn.Identity(), torch.device("cpu"))
     assert not index_limited(RunConfig(device="cpu"), cpu)
