@@ -25,8 +25,8 @@ from tests.helpers import (assert_resumed, child_env, done_blocks, error_line, r
 
 pytestmark = pytest.mark.slow
 
-SHAPE = (64, 128, 128)
-BLOCK = 32
+SHAPE = (32, 64, 128)
+BLOCK = 16
 GRID = tuple(s // BLOCK for s in SHAPE)
 PINNED = ("--model", "tiny", "--device", "cpu", "--no-progress", "--block", str(BLOCK), "--batch-size", "1",
           "--memory-format", "contiguous", "--backend", "torch")
@@ -119,7 +119,7 @@ def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(templat
 @pytest.mark.parametrize("template", [FORMATS[0], FORMATS[1]])
 def test_a_full_disk_fails_blocks_without_marks_and_with_space_freed_the_run_completes(template, source, clean,
                                                                                       tmpfs):
-    disk = tmpfs("640k")  # the markers, the metadata and some of the 32 blocks (about 60 KiB each)
+    disk = tmpfs("768k")  # the markers, the metadata and some of the 64 blocks (about 30 KiB each)
     target = template.format(dir=disk.path)
     result = run_blockpred("run", source, target, *PINNED)
     assert result.returncode == 1, result.stdout + result.stderr
