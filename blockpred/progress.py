@@ -1,10 +1,13 @@
 """The progress bar of a run: an observer the runner calls as blocks finish.
 
 The bar is auxiliary: where stderr cannot be written (a full disk behind
-``2>log``, a terminal gone), tqdm's error ends the bar with one warning and
-the run goes on, from the pipeline's threads too (the ``blockpred`` command
-guards its streams itself: :mod:`blockpred.process`; this is for callers of
-:func:`blockpred.predict`).
+``2>log``, a terminal gone), the bar ends with one warning and the run goes
+on, from the pipeline's threads too (the ``blockpred`` command guards its
+streams itself: :mod:`blockpred.process`; this is for callers of
+:func:`blockpred.predict`).  tqdm draws on a guarded stream that never raises:
+tqdm holds its process-wide lock while it draws and does not release it when
+a write raises, and every later bar of the process (a notebook's next run)
+would then wait for it forever.
 """
 
 from __future__ import annotations
@@ -14,6 +17,32 @@ import threading
 import time
 
 logger = logging.getLogger(__name__)
+
+
+class _Guarded:
+    """A stream whose failed writes are kept (:attr:`error`), never raised to the caller (tqdm)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.error: BaseException | None = None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError) as err:
+                self.error = err
+        return 0
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError) as err:
+                self.error = err
+
+    def __getattr__(self, name):  # isatty, fileno, encoding ...: the stream's own
+        return getattr(self._stream, name)
 
 
 class ProgressBar:
@@ -26,16 +55,23 @@ class ProgressBar:
         self._voxels = 0
         self._first: tuple[float, int] | None = None
         self._lock = threading.Lock()
+        self._stream: _Guarded | None = None
 
     def __enter__(self):
         if not self._enabled:
             return None
+        import sys
+
         from tqdm.auto import tqdm
 
+        self._stream = _Guarded(sys.stderr)
         try:
-            self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True)
+            self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True,
+                             file=self._stream)
         except (OSError, ValueError) as err:
             self._drop(err)
+        if self._stream.error is not None:
+            self._drop(self._stream.error)
         return self._update
 
     def _update(self, blocks: int, voxels: int, worker: str | None = None) -> None:
@@ -54,6 +90,8 @@ class ProgressBar:
                 self._bar.update(blocks)
             except (OSError, ValueError) as err:
                 self._drop(err)
+            if self._bar is not None and self._stream.error is not None:
+                self._drop(self._stream.error)
 
     def _drop(self, error: BaseException) -> None:
         """No bar from here on, and one warning (which may not be written either: it is logged, not raised)."""
@@ -69,7 +107,7 @@ class ProgressBar:
 
         try:
             if self._bar is not None:
-                self._bar.write(line, file=sys.stderr)
+                self._bar.write(line, file=self._stream)
             else:
                 print(line, file=sys.stderr)
         except (OSError, ValueError):  # stderr is gone: the line with it

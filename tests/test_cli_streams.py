@@ -14,7 +14,7 @@ import pytest
 
 from blockpred.cli import main
 from blockpred.io import open_volume
-from tests.helpers import child_env, read_volume, write_test_volume
+from tests.helpers import HANG_S, child_env, read_volume, write_test_volume
 
 RUN = ["--config", "tiny", "--device", "cpu", "--block", "16,32,32", "--no-progress", "--backend", "torch"]
 
@@ -249,3 +249,31 @@ def test_the_python_apis_progress_bar_on_a_full_stderr_warns_and_the_run_complet
     assert said == ["the progress bar cannot be drawn on stderr (No space left on device); the run goes on "
                     "without it"], said
     assert _complete(str(tmp_path / "out.zarr"))
+
+
+def test_after_a_bar_that_could_not_be_drawn_the_next_runs_bar_in_the_process_draws(volume, tmp_path, monkeypatch):
+    """tqdm keeps its process-wide lock when a write raises inside it: the next bar of the process (a notebook's
+    next run) then waited forever for it.  The bar draws on a stream that never raises."""
+    import io
+    import threading
+
+    import blockpred
+
+    options = dict(model="tiny", device="cpu", block="16,32,32", backend="torch", progress=True)
+    full = open("/dev/full", "w")
+    monkeypatch.setattr(sys, "stderr", full)
+    try:
+        blockpred.predict(volume, str(tmp_path / "first.zarr"), **options)
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):
+            full.close()
+    drawn = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", drawn)
+    second = threading.Thread(target=blockpred.predict, args=(volume, str(tmp_path / "second.zarr")),
+                              kwargs=options, daemon=True)
+    second.start()
+    second.join(timeout=HANG_S)  # a hang guard: nothing here is timed
+    monkeypatch.undo()
+    assert not second.is_alive(), "the second run's progress bar waited for the lock the first bar's tqdm kept"
+    assert "blockpred" in drawn.getvalue() and _complete(str(tmp_path / "second.zarr"))
