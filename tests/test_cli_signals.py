@@ -8,7 +8,10 @@ cannot finish, so a line read then was said before the run's end, and a run that
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -65,7 +68,10 @@ class GatedRun:
 
     def wait_for_line(self, expected: str) -> None:
         while True:
-            line = self.lines.get(timeout=PATIENCE_S)
+            try:
+                line = self.lines.get(timeout=PATIENCE_S)
+            except queue.Empty:
+                raise AssertionError(f"{expected!r} was not said (the run still going): {self.said}") from None
             assert line is not None, f"stderr ended without {expected!r}: {self.said}"
             self.said.append(line)
             if line == expected:
@@ -82,6 +88,28 @@ class GatedRun:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+#: The number of the Linux system call that sends a signal to one thread of a process, by machine.
+_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def to_a_thread_other_than_main(pid: int, signum: int) -> None:
+    """``signum`` delivered to a thread of ``pid`` other than its main thread, as the kernel may deliver a process's
+    signal (to any thread that does not block it): Python then runs the handler when the main thread next runs."""
+    if platform.machine() not in _TGKILL:
+        pytest.skip(f"no tgkill system call number for {platform.machine()} here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda p: -int(p.name)):
+        tid = int(task.name)
+        try:
+            blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)", (task / "status").read_text(), re.M).group(1), 16)
+        except OSError:  # the thread ended
+            continue
+        if tid != pid and not blocked & (1 << (signum - 1)) and libc.syscall(_TGKILL[platform.machine()], pid, tid,
+                                                                            signum) == 0:
+            return
+    raise AssertionError(f"process {pid} has no thread other than its main one that takes signal {signum}")
 
 
 def _default_sigint() -> None:  # as a terminal's foreground job, even under a shell that ignores SIGINT
@@ -122,3 +150,20 @@ def test_a_second_ctrl_c_stops_the_run_now_without_waiting_for_the_blocks_in_fli
     assert run.said.count(NOTED) == 1 and run.said[-1] == INTERRUPTED, run.said
     assert not any("Traceback" in line for line in run.said), run.said
     assert not Path(run.output + ".blockpred", "_root.lock").exists(), "the lock was left behind"
+
+
+@pytest.mark.slow
+def test_ctrl_c_delivered_to_a_thread_other_than_main_is_said_at_once_and_a_second_stops_the_run_now(source, tmp_path):
+    """The main thread waits for the block held at the gate; each signal goes to another thread of the process."""
+    run = GatedRun(source, tmp_path)
+    try:
+        run.wait_for_a_block_at_the_gate()
+        to_a_thread_other_than_main(run.process.pid, signal.SIGINT)
+        run.wait_for_line(NOTED)
+        assert run.process.poll() is None
+        to_a_thread_other_than_main(run.process.pid, signal.SIGINT)
+        assert run.finish() == 130, run.said  # with the gate closed
+    finally:
+        run.close()
+    assert run.said.count(NOTED) == 1 and run.said[-1] == INTERRUPTED, run.said
+    assert not any("Traceback" in line for line in run.said), run.said

@@ -45,6 +45,7 @@ import torch
 
 from ..choices import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
 from ..errors import InvalidOptionError
+from . import waits
 from .backends import make_backend, resolve_device  # noqa: F401 - resolve_device: the pipeline's
 from .cpu_steps import after_network, is_normalized, normalized
 from .hostmem import BufferPool, keep_freed_memory, pinned, release_freed_memory
@@ -367,7 +368,7 @@ class Predictor:
         after = self._threads[1].submit(self._after_network, network, steps, owned if stacked is None else stacked)
 
         def finish() -> tuple[np.ndarray, float, float, np.ndarray | None]:
-            values, counts, seconds, _ = after.result()
+            values, counts, seconds, _ = waits.result(after)  # in the main thread: see .waits
             return values, before_s + seconds, 0.0, counts
 
         def release() -> None:

@@ -24,6 +24,8 @@ block of 19 s on a CPU), so the first signal says at once, in one line on
 stderr, that the run stops after the blocks in flight and how to stop it now
 (:func:`noted_line`).  A second signal runs its handler at once: the run
 ends without waiting for those blocks (they are done again by a resume).
+"At once" holds also where the kernel hands the signal to another thread:
+the main thread's waits are sliced (:mod:`.waits`).
 
 Only in the main thread (the only one where Python runs signal handlers),
 and only for signals with a Python handler: one ignored (a background job

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from ..errors import BlockFailedError
+from . import waits
 from .blocking import Block
 
 
@@ -73,7 +74,7 @@ def prefetch(
                 continue
             block, future = pending.popleft()
             try:
-                data, error = future.result(), None
+                data, error = waits.result(future), None
             except Exception as err:
                 data, error = None, BlockFailedError(block.index, f"reading {block} failed: {err}")
                 error.__cause__ = err

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import BlockFailedError, first_line, os_fault
 from ..io import stores
 from ..io.base import Volume
+from . import waits
 from .blocking import Block
 
 
@@ -59,7 +60,7 @@ class BlockWriter:
         self._store = sink.path.container if getattr(sink.path, "is_remote", False) else None
 
     def submit(self, block: Block, data: np.ndarray, release: Callable[[], None] | None = None) -> None:
-        self._slots.acquire()
+        waits.acquire(self._slots)
         start = time.perf_counter()
         if self._store is not None:
             try:
@@ -112,7 +113,7 @@ class BlockWriter:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         for _ in range(self._max_pending):  # every slot back: every write has finished
-            self._slots.acquire()
+            waits.acquire(self._slots)
         for _ in range(self._max_pending):
             self._slots.release()
 
