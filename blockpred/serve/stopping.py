@@ -105,11 +105,13 @@ async def stop_serving(server: tornado.httpserver.HTTPServer, sockets: list, wor
     server.stop()  # closes the listening sockets
     server.conn_params.no_keep_alive = True  # each request read from here on closes its connection after its answer
     await work.stop(hurry)
-    if not hurry.is_set():
-        sent = asyncio.ensure_future(replies.all_sent())
+    sent = asyncio.ensure_future(replies.all_sent())
+    if hurry.is_set():  # hurried while the blocks were waited for: the 503s just given are sent before the close
+        await sent  # (closing a connection drops what it has not sent; a third signal acts at once)
+    else:
         hurried = asyncio.ensure_future(hurry.wait())
         await asyncio.wait({sent, hurried}, return_when=asyncio.FIRST_COMPLETED)
-        sent.cancel()
         hurried.cancel()
+    sent.cancel()
     await server.close_all_connections()
     work.close()

@@ -55,16 +55,17 @@ def read_all(path: str) -> np.ndarray:
 def start_run(source: str, output: str, *extra: str) -> subprocess.Popen:
     """``blockpred run`` as a child in its own process group, as a terminal's foreground job runs.
 
-    Its SIGINT is the default one even when the tests themselves run with SIGINT ignored (a background
-    job of a non-interactive shell, ``nohup``: Python then never raises KeyboardInterrupt).
+    Its SIGINT and SIGHUP are the default ones even when the tests themselves run with them ignored (a background
+    job of a non-interactive shell ignores SIGINT, ``nohup`` SIGHUP: blockpred keeps an ignored signal ignored).
     """
     return subprocess.Popen([sys.executable, "-m", "blockpred", "run", source, output, *PINNED, "--no-progress",
                              *extra], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_default_sigint)
+                            start_new_session=True, preexec_fn=_default_signals)
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def worker_processes(pid: int) -> list[psutil.Process]:
