@@ -40,7 +40,17 @@ INDEX_LIMIT = 2**31 - 1
 INDEX_MARGIN = 0.95
 
 
-class LargestTensor(TorchDispatchMode):
+class _EagerDispatch(TorchDispatchMode):
+    """A dispatch mode whose ``__torch_dispatch__`` torch leaves as it is: by default it wraps it in
+    ``torch._dynamo``'s disable, whose first call imports ``torch._dynamo`` (1-2 s on two cores, 5 s of a run's
+    start-up on an H200: issue 47).  The counts here run eager, never under ``torch.compile``."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # torch's hook (torch/utils/_python_dispatch.py); older torch has none
+        return False
+
+
+class LargestTensor(_EagerDispatch):
     """While active, :attr:`elements` is the largest tensor any operation took or made, except ``exclude``'s shapes."""
 
     def __init__(self, exclude: frozenset[tuple[int, ...]] = frozenset()):
@@ -115,10 +125,9 @@ class PeakFunctions(_Peak, TorchFunctionMode):
         return out
 
 
-class PeakTensors(_Peak, TorchDispatchMode):
+class PeakTensors(_Peak, _EagerDispatch):
     """The count of :class:`_Peak` over the dispatcher's operations: a TorchScript network's too, and what autocast
-    casts.  Its first use in a process imports ``torch._dynamo`` (1-2 s on two cores): for a network whose functions
-    :class:`PeakFunctions` cannot see."""
+    casts: for a network whose functions :class:`PeakFunctions` cannot see."""
 
     def __init__(self, exclude: frozenset[tuple[int, ...]] = frozenset(), held_bytes: int = 0):
         super().__init__()

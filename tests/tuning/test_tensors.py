@@ -147,3 +147,28 @@ def test_the_limit_holds_on_cuda_and_wherever_workers_this_process_cannot_see_ch
     assert index_limited(RunConfig(device="cuda"), cpu)  # workers on a cluster joined with --device cuda
     assert index_limited(RunConfig(scheduler="tcp://127.0.0.1:8786"), cpu)  # their devices are not seen here
     assert index_limited(RunConfig(cluster="slurm"), cpu)
+
+
+@pytest.mark.parametrize("scripted", [False, True], ids=["preset", "torchscript"])
+def test_a_first_runs_start_up_on_the_cpu_never_imports_torch_dynamo(tmp_path, scripted):
+    """The tensor counts run eager: torch's dispatch modes otherwise import ``torch._dynamo`` at their first
+    operation (about 5 s of a run's start-up on an H200, issue 47).  A fresh process and cache: a first run counts."""
+    import subprocess
+    import sys
+
+    from tests.helpers import child_env
+
+    source = write_test_volume(str(tmp_path / "in.zarr"),
+                               np.random.default_rng(2).integers(0, 255, (16, 32, 32), dtype=np.uint8))
+    model = "tiny"
+    if scripted:
+        model = str(tmp_path / "tiny.pt")
+        torch.jit.script(build_preset("tiny")).save(model)
+    code = ("import sys, blockpred\n"
+            f"blockpred.predict({source!r}, {str(tmp_path / 'out.zarr')!r}, model={model!r}, device='cpu', "
+            "progress=False)\n"
+            "print('torch._dynamo' in sys.modules, 'blockpred.tuning.tensors' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(child_env(), BLOCKPRED_CACHE_DIR=str(tmp_path / "cache")))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"], result.stdout  # counted, without torch._dynamo
