@@ -33,9 +33,10 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
-from typing import Any, Callable
+from typing import Callable
+
+from .progress import GuardedStream
 
 #: Exit codes of a command ended by a signal: 128 + SIGHUP, SIGINT, SIGTERM.
 SIGNAL_EXIT_CODES = frozenset(128 + s for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM))
@@ -58,53 +59,6 @@ def stream_failure(name: str, error: BaseException) -> str | None:
     return f"{name} cannot be written ({getattr(error, 'strerror', None) or error})"
 
 
-class AuxiliaryStream:
-    """A text stream whose first failure to write is reported once to ``on_failure`` and drops it: no write to it
-    ever raises.  Anything else (``fileno``, ``isatty``, ``encoding`` ...) is the stream's."""
-
-    def __init__(self, stream, name: str, on_failure: Callable[[str, BaseException], None]):
-        self._stream, self.name, self._on_failure = stream, name, on_failure
-        self._lock = threading.Lock()
-        #: Why the stream was dropped (None while it is written); a stream Python found closed at start is dropped.
-        self.failure: BaseException | None = None if stream is not None else ValueError("closed at start")
-
-    def write(self, text: str) -> int:
-        if self.failure is None:
-            try:
-                return self._stream.write(text)
-            except UnicodeEncodeError:  # a character its encoding lacks is not a failed stream
-                encoding = getattr(self._stream, "encoding", None) or "ascii"
-                return self.write(text.encode(encoding, "replace").decode(encoding))
-            except (OSError, ValueError) as err:  # ValueError: a closed file
-                self._fail(err)
-        return len(text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        if self.failure is None:
-            try:
-                self._stream.flush()
-            except (OSError, ValueError) as err:
-                self._fail(err)
-
-    def isatty(self) -> bool:
-        return self.failure is None and bool(self._stream.isatty())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_stream"], name)
-
-    def _fail(self, error: BaseException) -> None:
-        with self._lock:
-            if self.failure is not None:
-                return
-            self.failure = error
-        _point_at_devnull(self._stream)
-        self._on_failure(self.name, error)
-
-
 def _point_at_devnull(stream) -> None:
     """The process's own stdout or stderr (not a caller's stand-in) to /dev/null: its buffered rest, what C code
     writes there and the interpreter's flush at exit all go nowhere, without failing again."""
@@ -124,7 +78,8 @@ def _point_at_devnull(stream) -> None:
 
 
 class StandardStreams:
-    """``sys.stdout`` and ``sys.stderr`` as :class:`AuxiliaryStream` while a command runs (a context manager).
+    """``sys.stdout`` and ``sys.stderr`` as :class:`~blockpred.progress.GuardedStream` while a command runs (a
+    context manager).
 
     A dropped stream is named once on the other one; with ``json_output`` (standard output holds one JSON object)
     a dropped stderr is named in :attr:`warnings` instead, for that object.
@@ -138,8 +93,8 @@ class StandardStreams:
 
     def __enter__(self) -> "StandardStreams":
         self._saved = (sys.stdout, sys.stderr)
-        self.stdout = AuxiliaryStream(sys.stdout, "stdout", self._dropped)
-        self.stderr = AuxiliaryStream(sys.stderr, "stderr", self._dropped)
+        self.stdout = GuardedStream(sys.stdout, "stdout", self._dropped)
+        self.stderr = GuardedStream(sys.stderr, "stderr", self._dropped)
         sys.stdout, sys.stderr = self.stdout, self.stderr
         return self
 
@@ -152,7 +107,9 @@ class StandardStreams:
         if sys.stderr is self.stderr:
             sys.stderr = saved[1]
 
-    def _dropped(self, name: str, error: BaseException) -> None:
+    def _dropped(self, stream: GuardedStream, error: BaseException) -> None:
+        _point_at_devnull(stream.wrapped)
+        name = stream.name
         reason = stream_failure(name, error)
         if reason is None:
             return

@@ -15,34 +15,60 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
-class _Guarded:
-    """A stream whose failed writes are kept (:attr:`error`), never raised to the caller (tqdm)."""
+class GuardedStream:
+    """A text stream no write to which ever raises: its first failure to write or flush (a full disk, a closed file,
+    a terminal gone) is kept in :attr:`failure`, reported once to ``on_failure(stream, error)``, and drops the
+    stream.  Anything else (``fileno``, ``isatty``, ``encoding`` ...) is the stream's.  (The ``blockpred``
+    command's own stdout and stderr are these too: :mod:`blockpred.process`.)"""
 
-    def __init__(self, stream):
-        self._stream = stream
-        self.error: BaseException | None = None
+    def __init__(self, stream, name: str = "stderr",
+                 on_failure: Callable[[GuardedStream, BaseException], None] | None = None):
+        self.wrapped, self.name, self._on_failure = stream, name, on_failure
+        self._lock = threading.Lock()
+        #: Why the stream was dropped (None while it is written); a stream Python found closed at start is dropped.
+        self.failure: BaseException | None = None if stream is not None else ValueError("closed at start")
 
     def write(self, text: str) -> int:
-        if self.error is None:
+        if self.failure is None:
             try:
-                return self._stream.write(text)
-            except (OSError, ValueError) as err:
-                self.error = err
-        return 0
+                return self.wrapped.write(text)
+            except UnicodeEncodeError:  # a character its encoding lacks is not a failed stream
+                encoding = getattr(self.wrapped, "encoding", None) or "ascii"
+                return self.write(text.encode(encoding, "replace").decode(encoding))
+            except (OSError, ValueError) as err:  # ValueError: a closed file
+                self._fail(err)
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
-        if self.error is None:
+        if self.failure is None:
             try:
-                self._stream.flush()
+                self.wrapped.flush()
             except (OSError, ValueError) as err:
-                self.error = err
+                self._fail(err)
 
-    def __getattr__(self, name):  # isatty, fileno, encoding ...: the stream's own
-        return getattr(self._stream, name)
+    def isatty(self) -> bool:
+        return self.failure is None and bool(self.wrapped.isatty())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["wrapped"], name)
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = error
+        if self._on_failure is not None:
+            self._on_failure(self, error)
 
 
 class ProgressBar:
@@ -55,7 +81,7 @@ class ProgressBar:
         self._voxels = 0
         self._first: tuple[float, int] | None = None
         self._lock = threading.Lock()
-        self._stream: _Guarded | None = None
+        self._stream: GuardedStream | None = None
 
     def __enter__(self):
         if not self._enabled:
@@ -64,14 +90,14 @@ class ProgressBar:
 
         from tqdm.auto import tqdm
 
-        self._stream = _Guarded(sys.stderr)
+        self._stream = GuardedStream(sys.stderr)
         try:
             self._bar = tqdm(total=self._num_blocks, unit="block", desc="blockpred", dynamic_ncols=True,
                              file=self._stream)
         except (OSError, ValueError) as err:
             self._drop(err)
-        if self._stream.error is not None:
-            self._drop(self._stream.error)
+        if self._stream.failure is not None:
+            self._drop(self._stream.failure)
         return self._update
 
     def _update(self, blocks: int, voxels: int, worker: str | None = None) -> None:
@@ -90,8 +116,8 @@ class ProgressBar:
                 self._bar.update(blocks)
             except (OSError, ValueError) as err:
                 self._drop(err)
-            if self._bar is not None and self._stream.error is not None:
-                self._drop(self._stream.error)
+            if self._bar is not None and self._stream.failure is not None:
+                self._drop(self._stream.failure)
 
     def _drop(self, error: BaseException) -> None:
         """No bar from here on, and one warning (which may not be written either: it is logged, not raised)."""

@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..errors import ClusterError, InvalidOptionError
-from .address import check_scheduler_address, connect, first_connect_s, reach
+from .address import check_scheduler_address, first_connect_s, reach
 from .distributed_setup import dask_log_level, import_distributed, quiet_dask  # noqa: F401
 
 if TYPE_CHECKING:
@@ -91,8 +91,8 @@ class Cluster:
         from distributed import Client
 
         quiet_dask()
-        if scheduler_address is not None:
-            return None, connect(scheduler_address), None
+        if scheduler_address is not None:  # checked and reached by __init__ already
+            return None, Client(scheduler_address), None
         if jobs is not None:
             from .jobqueue import BatchCluster
 

@@ -45,8 +45,8 @@ from ..tuning.passmemory import remember
 from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
 from .choose import network_field_of, plan_layout, start_format
 from .cpu_precision import LOW, compare_with_fp32, openvino_bf16, slow_precision_warning
-from .fingerprint import finished_layout
 from .fingerprint import fingerprint as run_fingerprint
+from .fingerprint import finished_layout
 from .formats import choose_format, model_key_of, wants_backend
 from .layout import block_step
 from .mask import Mask
@@ -89,25 +89,19 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
                                  f".zarr, .n5 or .h5 path")
     if target.format == "hdf5" and not target.dataset:
         raise InvalidOptionError(f"HDF5 output {str(target)!r} names no dataset; use for example {target}prediction")
-    for role, protected in (("input", source), ("mask", mask)):
-        if protected is not None:
-            _check_apart(protected, target, role)
-    for role, protected in (("input", source), ("mask", mask)):
-        if protected is not None and _same_hdf5_file(protected, target):
-            logger.warning("writing the output into the %s's own HDF5 file %s: HDF5 has no journal, so a crash while "
-                           "it writes (a kill, a full disk, a lost node) can leave the whole file unreadable, the %s "
-                           "with it; write the output to a file of its own (such as %s) to keep the %s safe", role,
-                           target.container, role, default_output_path(protected), role)
-    for role, protected in (("input", source), ("mask", mask)):
-        if protected is not None and _made_container_holds(target, protected):
+    guarded = [(role, protected) for role, protected in (("input", source), ("mask", mask)) if protected is not None]
+    for role, protected in guarded:
+        _check_apart(protected, target, role)
+    for role, protected in guarded:
+        if _made_container_holds(target, protected):
             raise InvalidOptionError(
                 f"output {str(target)!r} would make {target.container} (the folder {os.path.realpath(target.container)}"
                 f"), which is no {target.format} container, into one, and it holds the {role} {str(protected)!r}; "
                 f"write the output to a new container, or beside the {role} in its own"
             )
     markers = markers_path(target)
-    for role, protected in (("input", source), ("mask", mask)):
-        if protected is not None and identity.overlap(identity.data_node(protected), markers):
+    for role, protected in guarded:
+        if identity.overlap(identity.data_node(protected), markers):
             raise InvalidOptionError(
                 f"the markers of output {str(target)!r} would be written at {markers}, which is or holds the "
                 f"{role} {str(protected)!r}; choose another output"
@@ -120,6 +114,12 @@ def check_output_path(source: VolumePath, target: VolumePath, *, overwrite: bool
                 f"{'' if os.path.exists(link) else ', which does not exist'}; --overwrite does not delete "
                 f"through links: name the real path, or remove the link"
             )
+    for role, protected in guarded:  # accepted: said once every refusal is ruled out
+        if _same_hdf5_file(protected, target):
+            logger.warning("writing the output into the %s's own HDF5 file %s: HDF5 has no journal, so a crash while "
+                           "it writes (a kill, a full disk, a lost node) can leave the whole file unreadable, the %s "
+                           "with it; write the output to a file of its own (such as %s) to keep the %s safe", role,
+                           target.container, role, default_output_path(protected), role)
 
 
 def _same_hdf5_file(source: VolumePath, target: VolumePath) -> bool:

@@ -33,7 +33,7 @@ import tornado.httpserver
 import tornado.iostream
 
 from .http import Replies
-from .work import BlockWork
+from .work import BlockWork, unless_hurried
 
 #: The signals that stop a server: a terminal's Ctrl-C, and what batch systems, Kubernetes and ``kill`` send first.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -105,13 +105,9 @@ async def stop_serving(server: tornado.httpserver.HTTPServer, sockets: list, wor
     server.stop()  # closes the listening sockets
     server.conn_params.no_keep_alive = True  # each request read from here on closes its connection after its answer
     await work.stop(hurry)
-    sent = asyncio.ensure_future(replies.all_sent())
     if hurry.is_set():  # hurried while the blocks were waited for: the 503s just given are sent before the close
-        await sent  # (closing a connection drops what it has not sent; a third signal acts at once)
+        await replies.all_sent()  # (closing a connection drops what it has not sent; a third signal acts at once)
     else:
-        hurried = asyncio.ensure_future(hurry.wait())
-        await asyncio.wait({sent, hurried}, return_when=asyncio.FIRST_COMPLETED)
-        hurried.cancel()
-    sent.cancel()
+        await unless_hurried(replies.all_sent(), hurry)
     await server.close_all_connections()
     work.close()

@@ -53,6 +53,16 @@ class ServerStopping(Exception):
     """The server is stopping: this chunk is not made (the server's 503)."""
 
 
+async def unless_hurried(awaitable, hurry: asyncio.Event) -> None:
+    """Await ``awaitable`` until it is done or ``hurry`` is set (at once where it is), whichever comes first; what
+    is left of it is cancelled."""
+    task = asyncio.ensure_future(awaitable)
+    hurried = asyncio.ensure_future(hurry.wait())
+    await asyncio.wait({task, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    task.cancel()
+    hurried.cancel()
+
+
 @dataclass
 class Counts:
     """What the server did so far (its ``status.json``)."""
@@ -138,12 +148,8 @@ class BlockWork:
                 self.counts.blocks_withdrawn += 1
                 self._stopped(index)
         waiting = {pending.future for pending in self._pending.values()}
-        if waiting and not hurry.is_set():
-            through = asyncio.ensure_future(asyncio.wait(waiting))  # cancelled, it leaves the futures be
-            hurried = asyncio.ensure_future(hurry.wait())
-            await asyncio.wait({through, hurried}, return_when=asyncio.FIRST_COMPLETED)
-            through.cancel()
-            hurried.cancel()
+        if waiting:
+            await unless_hurried(asyncio.wait(waiting), hurry)  # cancelled, asyncio.wait leaves the futures be
         for index in list(self._pending):  # hurried: the blocks still in the pipeline are not waited for
             self._stopped(index)
 
