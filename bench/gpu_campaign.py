@@ -11,6 +11,14 @@ skipped (and says so), so the call ends with its results on disk.
 Output (under ``$OUT``): ``log.txt`` (every command's stderr), ``results.jsonl`` (one object per
 step) and ``results.md`` (the table), packed at the end with the peers' and bench JSON files.
 
+Issue 47: what users feel.  Each ``run`` step's ``-v`` log gives its start-up phases
+(``startup``: seconds from the command's start to the model loaded, the first dry run, the
+kernel-search choice and the pipeline's start) and its longest gaps (``gaps``: where the start-up
+went); a network's cached run is set against model only at its choice (``whole_vs_model``: the
+command's Mvox/s, start-up included, over the network's alone).  The peers part runs blockpred's
+fp32 prediction of the peers' region first, then each peer in a process of its own (its whole
+script, beside its in-process time), each compared with that reference.
+
     python3 bench/gpu_campaign.py --budget 540 --parts env,cremi,unet32,peers,seed,blocks,gputests,suite
 """
 
@@ -19,11 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 OUT = Path(os.environ.get("OUT", "/tmp/blockpred-gpu"))
@@ -105,13 +115,17 @@ class Campaign:
         limit = max(5.0, min(limit, self.left() - 5))
         log(f"== {label} (limit {limit:.0f} s): {shlex.join(argv)}")
         start = time.time()
-        with self.sampler, open(LOG, "a") as err:
+        stderr_path = WORK / f"stderr-{len(self.results)}.txt"
+        with self.sampler, open(stderr_path, "w") as err:
             try:
                 done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=err, text=True, timeout=limit)
                 rc, stdout = done.returncode, done.stdout
             except subprocess.TimeoutExpired as exc:
                 rc, stdout = "timeout", exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         wall = time.time() - start
+        stderr = stderr_path.read_text(errors="replace")
+        with open(LOG, "a") as handle:
+            handle.write(stderr)
         objects = []
         for line in stdout.strip().splitlines():
             if line.startswith("{"):
@@ -134,6 +148,9 @@ class Campaign:
             record["summary"] = summary
         if rc != 0 or not objects:
             record["stdout_tail"] = stdout[-1500:]
+        startup = startup_phases(stderr, start)
+        if startup:
+            record.update(startup)
         if events is not None and events.exists():  # --progress-json: when the first block was done
             lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
             begin = next((e["time"] for e in lines if e.get("event") == "start"), None)
@@ -169,6 +186,34 @@ class Campaign:
             with open(OUT / "results.jsonl", "a") as handle:
                 handle.write(json.dumps({"label": label + " (rows)", "model_only": record["model_only"]}) + "\n")
         return record
+
+
+#: The ``-v`` log lines that mark a run's start-up phases (the first line matching each).
+PHASES = {"loaded": "loaded model", "first_dry_run": "dry run ", "kernel_search": "kernel search",
+          "pipeline": "predicting "}
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \w+ (.*)$")
+
+
+def startup_phases(stderr: str, start: float) -> dict:
+    """From a ``-v`` log: the seconds from the command's ``start`` (time.time()) to each of :data:`PHASES`, and the
+    five longest gaps between log lines before the pipeline, each with the line that ended it."""
+    lines = []
+    for line in stderr.splitlines():
+        found = _STAMP.match(line)
+        if found:
+            stamp = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            lines.append((stamp - start, found.group(2)))
+    if not lines:
+        return {}
+    phases = {}
+    for name, marker in PHASES.items():
+        at = next((t for t, text in lines if marker in text), None)
+        if at is not None:
+            phases[name] = round(at, 2)
+    end = next((i for i, (_, text) in enumerate(lines) if PHASES["pipeline"] in text), len(lines) - 1)
+    gaps = sorted(((lines[i][0] - (lines[i - 1][0] if i else 0.0), lines[i][1][:90]) for i in range(end + 1)),
+                  reverse=True)[:5]
+    return {"startup": phases, "gaps": [[round(g, 2), text] for g, text in gaps]}
 
 
 def chosen_options(record: dict | None) -> list[str]:
@@ -233,8 +278,17 @@ def part_defaults(c: Campaign, volume: Path, name: str) -> None:
     cached = c.run(f"{name} default, cached", str(volume), out, "--model", NETS[name], limit=90)
     best = cached if cached and cached.get("block") else first
     if best and best.get("block"):
-        c.model_only(f"{name} model only at the default's choice", "--model", NETS[name], *chosen_options(best),
-                     limit=60)
+        alone = c.model_only(f"{name} model only at the default's choice", "--model", NETS[name],
+                             *chosen_options(best), limit=60)
+        rows = [r for r in (alone or {}).get("model_only", []) if r.get("output_mvox_per_s")]
+        if rows and best.get("voxels"):
+            whole = best["voxels"] / 1e6 / best["wall_s"]
+            ratio = {"label": f"{name}: whole command (cached) over model only", "whole_mvox_per_s": round(whole, 2),
+                     "model_mvox_per_s": rows[0]["output_mvox_per_s"],
+                     "whole_vs_model": round(whole / rows[0]["output_mvox_per_s"], 3)}
+            log("   " + json.dumps(ratio))
+            with open(OUT / "results.jsonl", "a") as handle:
+                handle.write(json.dumps(ratio) + "\n")
 
 
 def part_seed(c: Campaign, volume: Path) -> None:
@@ -256,9 +310,16 @@ def part_peers(c: Campaign, volume: Path, depth: int, shape: tuple[int, int, int
     if not mine or not mine.get("block"):
         return
     block, halo = ",".join(map(str, mine["block"])), ",".join(map(str, mine["halo"]))
-    c.step("peers (torch-em pipelined, MONAI) at blockpred's block and halo",
-           [PY, str(Path(__file__).with_name("gpu_peers.py")), str(volume), out, "--block", block, "--halo", halo,
-            "--depth", str(depth), "--deadline", str(c.end - 30), "--model", NETS["cremi2018"], "--device", c.device, "--dir", "/tmp/blockpred-gpu-peers"], 240, need=60)
+    reference = "/tmp/blockpred-gpu-cremi-fp32.zarr"  # fp32, TF32 off: what every output is held against
+    c.run(f"cremi2018 fp32 reference on z 0:{depth}", str(volume), reference, "--model", NETS["cremi2018"],
+          "--roi", roi, "--block", block, "--halo", halo, "--precision", "fp32", "--memory-format", "contiguous",
+          limit=120)
+    peers = [PY, str(Path(__file__).with_name("gpu_peers.py")), str(volume), out, "--block", block, "--halo", halo,
+             "--depth", str(depth), "--deadline", str(c.end - 30), "--model", NETS["cremi2018"], "--device", c.device,
+             "--dir", "/tmp/blockpred-gpu-peers", "--reference", reference]
+    c.step("blockpred (auto) against the fp32 reference", peers + ["--peers", "blockpred:auto"], 60, need=30)
+    for peer in ("torch-em:bf16", "monai:bf16"):  # one process each: the peer's whole script, start-up included
+        c.step(f"peer {peer}, whole script", peers + ["--peers", peer], 150, need=60)
     c.run(f"cremi2018 default (cached) on z 0:{depth}, again after the peers", str(volume), out, "--model",
           NETS["cremi2018"], "--roi", roi, limit=80)
 

@@ -14,14 +14,25 @@ time is the peer's steady state: no interpreter start, no import, no model load,
 ``blockpred run``'s wall time includes.  ``fp32`` is each peer's default; ``bf16`` wraps the
 network in ``torch.autocast`` (what a user who knows to ask for it would do).  The max |diff| against
 blockpred's output is taken over a central crop.
+
+Issue 47: each line also gives ``script_s``, the seconds from this script's first line (imports, the
+network built, the warm-up included) to the peer's end: run with one peer per process, that and the
+process's wall time are the peer's whole script, beside its in-process ``seconds``.  With
+``--reference`` (blockpred's fp32 prediction of the same region) each peer's output, and blockpred's
+(``blockpred:auto`` in ``--peers``: no run, the ``like`` output compared), is compared with it over
+the central crop, as shares of the reference's range (``vs_fp32_max``, ``vs_fp32_mean``).  A blockpred
+output is compared only where its run finished (every block marked done); else the line says so.
 """
 
 from __future__ import annotations
 
+import time
+
+_SCRIPT_START = time.time()  # before the imports: a whole script's start-up includes them
+
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +60,28 @@ def central_crop(shape: tuple[int, ...], size: tuple[int, int, int]) -> tuple[sl
     return tuple(slice(max(0, s // 2 - c // 2), min(s, s // 2 - c // 2 + c)) for s, c in zip(shape, size))
 
 
+def unfinished(path: str) -> str:
+    """Why the blockpred output at ``path`` is no reference ("" where its run finished: every block done)."""
+    from blockpred.io import parse_volume_path
+    from blockpred.pipeline.markers import DoneMarkers, markers_path
+
+    markers = DoneMarkers.open(markers_path(parse_volume_path(path)))
+    if markers is None:
+        return f"{path} has no blockpred markers"
+    done, blocks = markers.num_finished(), int(markers.grid_shape.prod())
+    return "" if done == blocks else f"{path}: its run finished {done} of {blocks} blocks"
+
+
+def against(got: np.ndarray, reference: np.ndarray | None) -> dict:
+    """``got`` against the fp32 reference, as shares of its range (nothing without one)."""
+    if reference is None:
+        return {}
+    from blockpred.tuning.precision import differences
+
+    largest, mean = differences(got, reference)
+    return {"vs_fp32_max": largest, "vs_fp32_mean": mean}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", help="the input zarr array (uint8)")
@@ -61,6 +94,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
     parser.add_argument("--dir", default="/tmp/blockpred-gpu-peers")
     parser.add_argument("--deadline", type=float, default=None, help="time.time() after which no peer starts")
+    parser.add_argument("--reference", default=None, help="blockpred's fp32 output of the region, finished")
     args = parser.parse_args()
     import zarr
 
@@ -75,10 +109,24 @@ def main() -> None:
     net = build_preset(args.model).eval().to(device)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     crop = central_crop(shape, (min(32, shape[0]), 512, 512))
-    reference = np.asarray(like_array(args.like)[(slice(None), *crop)])
+    why = unfinished(args.like)
+    if why:  # an output emptied or cut short by a stopped run is no yardstick
+        print(json.dumps({"like": args.like, "not_compared": why}), flush=True)
+    reference = None if why else np.asarray(like_array(args.like)[(slice(None), *crop)])
+    fp32 = None
+    if args.reference is not None:
+        why_not = unfinished(args.reference)
+        if why_not:
+            print(json.dumps({"reference": args.reference, "not_compared": why_not}), flush=True)
+        else:
+            fp32 = np.asarray(like_array(args.reference)[(slice(None), *crop)])
+    if "blockpred:auto" in args.peers.split(",") and reference is not None:
+        print(json.dumps({"peer": "blockpred", "precision": "auto", **against(reference, fp32)}), flush=True)
     prediction = import_torch_em_prediction()[0] if "torch-em" in args.peers else None
     for item in args.peers.split(","):
         peer, precision = item.split(":")
+        if peer == "blockpred":
+            continue
         if args.deadline is not None and time.time() > args.deadline:
             print(json.dumps({"peer": peer, "precision": precision, "skipped": "deadline"}), flush=True)
             continue
@@ -114,7 +162,8 @@ def main() -> None:
             "peer": peer, "precision": precision, "seconds": round(seconds, 3),
             "mvox_per_s": round(int(np.prod(shape)) / seconds / 1e6, 2), "voxels": int(np.prod(shape)),
             "block": block, "halo": halo, "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
-            "max_diff_central": float(np.abs(got - reference).max()),
+            "max_diff_central": float(np.abs(got - reference).max()) if reference is not None else None,
+            "script_s": round(time.time() - _SCRIPT_START, 2), **against(got, fp32),
         }), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -246,6 +246,7 @@ def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str |
                                       memory_format=layout if backend == "torch" else "contiguous", backend=backend,
                                       backend_key=key)
             diff = None if reference is None else float(np.abs(predictor(sample) - reference).max())
+            predictor.search = True  # the network at its searched kernels, as a long run gets (its warm-up pays)
             for batch_size in dict.fromkeys(batches):
                 if progress is not None:
                     progress(f"{loaded.name} {backend} {precision} batch {batch_size}: input "

@@ -48,6 +48,7 @@ from ..errors import InvalidOptionError
 from . import waits
 from .backends import make_backend, resolve_device  # noqa: F401 - resolve_device: the pipeline's
 from .cpu_steps import after_network, is_normalized, normalized
+from .cudnn import kernel_search
 from .hostmem import BufferPool, keep_freed_memory, pinned, release_freed_memory
 
 logger = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ class Predictor:
     linear layers cast once, here, rather than at every call.  ``compile``
     (a :data:`COMPILE_MODES` name; ``reduce-overhead`` replays CUDA graphs)
     and ``memory_format`` (``channels_last`` for ``channels_last_3d``) are
-    the optional fast paths; cuDNN picks its fastest kernels per shape.
+    the optional fast paths; ``search``: cuDNN's kernel search at new shapes (:mod:`blockpred.tuning.search`).
     ``backend`` (``torch`` or, on the CPU, ``openvino``: see :mod:`.backends`)
     runs the network; ``backend_key`` names it in the conversion cache.
     """
@@ -190,11 +191,10 @@ class Predictor:
         self._cuda = device.type == "cuda"
         #: On the CPU, the network's thread and the thread of the steps after it (made at the first batch).
         self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
-        #: On the CPU, the normalised inputs and the converted outputs, reused from batch to batch (the arrays
-        #: of two batch shapes at most: a trial's shapes give way to the run's).
+        #: On the CPU, the normalised inputs and converted outputs, reused (two batch shapes: a trial's, the run's).
         self._arrays = BufferPool(np.empty, max_keys=4)
+        self.search = False
         if self._cuda:
-            torch.backends.cudnn.benchmark = True  # one block shape per run: the fastest kernel is worth a search
             self._upload = torch.cuda.Stream(device)
             self._compute = torch.cuda.Stream(device)
             self._download = torch.cuda.Stream(device)
@@ -202,11 +202,10 @@ class Predictor:
             self._pool = BufferPool(pinned)
 
     def _build(self, precision: str) -> None:
-        """The predictor's own copy of the network given, on the device, at ``precision``: casting weights,
-        changing the layout and moving to the device must not reach the caller's module (the API's
-        predict(model=net), several predictors on one model).  Copied without autograd: a deep copy of a
-        TorchScript module otherwise holds parameters that are not leaves and require grad (every output
-        then carries a graph, and .to() warns about .grad)."""
+        """The predictor's own copy of the network given, on the device, at ``precision``: casting weights, changing
+        the layout and moving to the device must not reach the caller's module (the API's predict(model=net), several
+        predictors on one model).  Copied without autograd: a deep copy of a TorchScript module otherwise holds
+        parameters that are not leaves and require grad (every output then carries a graph; .to() warns)."""
         with torch.no_grad():
             module = copy.deepcopy(self._given).to(self.device).eval()
         low = _AUTOCAST_DTYPES.get(precision) if self.backend == "torch" else None  # another backend casts itself
@@ -296,7 +295,8 @@ class Predictor:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         if self.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        with torch.inference_mode(), self.autocast(), self.watch or contextlib.nullcontext():
+        with torch.inference_mode(), self.autocast(), kernel_search(self.search), \
+                self.watch or contextlib.nullcontext():
             if planes is None:
                 return _as_tensor(self._forward(x))
             return _as_tensor(self._forward(x, torch.as_tensor(np.asarray(planes, dtype=np.int64), device=x.device)))

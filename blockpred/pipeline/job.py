@@ -67,14 +67,18 @@ class Job:
     #: What runs the network (``torch``, ``openvino``), and the network's name in the conversion cache.
     backend: str = "torch"
     backend_key: dict | None = None
+    #: Whether the network's passes search cuDNN's kernels (the client's choice: :mod:`blockpred.tuning.search`).
+    kernel_search: bool = False
 
     def make_predictor(self, device: str | None = None) -> Predictor:
         """Load the model (with its test-time augmentation) and put it on ``device`` (default: the job's)."""
         from ..models.tta import with_tta
 
-        return Predictor(with_tta(self.model.load().module, self.tta), resolve_device(device or self.device),
-                         self.precision, compile=self.compile, memory_format=self.memory_format,
-                         backend=self.backend, backend_key=self.backend_key)
+        predictor = Predictor(with_tta(self.model.load().module, self.tta), resolve_device(device or self.device),
+                              self.precision, compile=self.compile, memory_format=self.memory_format,
+                              backend=self.backend, backend_key=self.backend_key)
+        predictor.search = self.kernel_search
+        return predictor
 
     def blocks(self, block_ids: Iterable[int]) -> Iterator[Block]:
         """The blocks of ``block_ids``, made one at a time as the pipeline reads them (never a list of millions)."""

@@ -33,6 +33,7 @@ from ..tuning.hostbudget import HostBudget
 from ..tuning.memformat import FormatChoice
 from ..tuning.network import NetworkGeometry, geometry_at, probe_network
 from ..tuning.passmemory import PassMemory
+from ..tuning.shapes import KnownShapes
 from ..tuning.tensors import over_index_limit
 from .formats import (
     BACKEND_BUDGET_FRACTION,
@@ -157,7 +158,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
                 target_path: VolumePath, measure: bool = True, todo_share: float = 1.0,
                 after_dry_run: Callable[[NetworkGeometry, Coord], None] | None = None,
                 field: NetworkField | None = None, resume_halo: Coord | None = None,
-                host_budget: HostBudget | None = None, plan_only: bool = False) -> Layout:
+                host_budget: HostBudget | None = None, plan_only: bool = False,
+                known: KnownShapes | None = None) -> Layout:
     """Block, halo, output layout and batch from the options, the model's defaults or trials; checked; dry-run.
 
     ``after_dry_run(geometry, halo)`` runs once the start block's dry run is done, before anything is measured
@@ -168,7 +170,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     The block's memory is checked before its dry run (:mod:`blockpred.run.memcheck`).  ``plan_only``
     (``blockpred plan``): the dry runs go at the least block (:func:`~blockpred.run.memcheck.least_block`), and
     their geometry is taken to the block (:func:`~blockpred.tuning.network.geometry_at`): the network never runs
-    at a block the plan only foresees.
+    at a block the plan only foresees.  ``known``: the shapes the network ran at (:mod:`blockpred.tuning.shapes`):
+    a dry run at one of them runs nothing (not with ``plan_only``, whose dry runs time a pass).
     """
     downsampling = network_downsampling(cfg, model, field)
     plane_axis = stack_axis(model.plane) if model.plane is not None else None
@@ -182,7 +185,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     # On the CPU, where the grid and field were just measured, the network has run in this process: its dry run
     # is warm enough to stand for the measured defaults' timed pass (see _measured_defaults), so it keeps its data.
     probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken(),
-                              count=index_limited(cfg, predictor),
+                              count=index_limited(cfg, predictor), known=None if plan_only else known,
                               keep_sample=field is not None and not field.cached and not on_cuda(cfg, predictor))
     auto_block = cfg.block == "auto"
     keeps_block = cfg.block in ("auto", None) and resume_block is not None  # a resume keeps its block
@@ -262,7 +265,7 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
             block = larger
             started = time.perf_counter()
             geometry = dry_run(block, halo)
-    dry_run_s = time.perf_counter() - started
+    dry_run_s = time.perf_counter() - started if geometry.ran else None  # None: known, not run (tuning.shapes)
     dry_run_precision = predictor.precision
     if after_dry_run is not None:
         after_dry_run(dry_run(least.minimum(block), halo) if plan_only else geometry, halo)
@@ -316,12 +319,14 @@ def _warn_over_index_limit(geometry: NetworkGeometry, batch_size: int) -> None:
 
 
 def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor, block: Coord, halo: Coord,
-                       geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float, *, block_named: bool,
+                       geometry: NetworkGeometry, downsampling: Coord, dry_run_s: float | None, *,
+                       block_named: bool,
                        measure: bool, todo_share: float = 1.0, host_budget: HostBudget | None = None,
                        warm: bool = True) -> tuple[Defaults, SizeChoice | None, FormatChoice | None]:
     """The block, batch and memory format the options leave open, measured within the run's budget.
 
-    ``block`` is the start block the dry run took ``dry_run_s`` on; see
+    ``block`` is the start block the dry run took ``dry_run_s`` on (None: its shape was known, nothing ran; a
+    pass is timed where measuring needs it, else the cached choice's pass stands for it); see
     :mod:`blockpred.tuning.defaults` for when and how much is measured.  ``todo_share``:
     the share of the blocks still to run (a resume), which the estimate counts.  ``warm``: the predictor ran
     the start block at its precision already (``--precision auto``'s check can leave it at one that did not).
@@ -397,6 +402,13 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
     format_choice, sizing = choose(0.0)  # the cache first: a cached run times nothing
     complete = (format_choice is not None or not (want_format or want_backend)) and (
         sizing.complete if sizing is not None else not (want_block or want_batch))  # else a cut-short search goes on
+    if dry_run_s is None:
+        dry_run_s = _start_pass_s(sizing, format_choice, roi.shape.prod() / blocks_per_axis(roi, block).prod()) \
+            if complete or not measure or todo_share <= 0 else None
+    if dry_run_s is None:  # measuring needs the start block's first pass, which a known shape did not run
+        timed = time.perf_counter()
+        predictor.output_shape(shape)
+        dry_run_s, started = time.perf_counter() - timed, time.perf_counter()
     estimated, out_of_memory = blocks * dry_run_s, False
     exact = (predictor.backend, predictor.precision, predictor.memory_format) == ("torch", "fp32", "contiguous")
     sample = geometry.sample if warm and geometry.sample is not None and geometry.sample[0].shape == shape else None
@@ -452,6 +464,15 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         backend=(format_choice.backend if format_choice is not None else "torch") if want_backend else None,
         estimated_run_s=estimated, measured_s=spent() if measured else 0.0, how=how)
     return defaults, sizing, format_choice
+
+
+def _start_pass_s(sizing: SizeChoice | None, format_choice: FormatChoice | None, block_voxels: float) -> float:
+    """A pass at the start block as the cached choices tell it (its dry run did not run): the size trials' rate
+    over a block's voxels, else the layout's pass, else 0."""
+    if sizing is not None and sizing.mvox_per_s > 0:
+        return block_voxels / (sizing.mvox_per_s * 1e6)
+    seconds = format_choice.seconds.get(format_choice.name) if format_choice is not None else None
+    return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else 0.0
 
 
 def start_format(cfg: RunConfig) -> str:

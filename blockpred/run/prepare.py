@@ -42,9 +42,12 @@ from ..pipeline.padding import read_padded
 from ..tuning.defaults import Defaults
 from ..tuning.hostbudget import named_block_warning, run_budget
 from ..tuning.passmemory import remember
-from ..tuning.precision import AUTO, FALLBACK, auto_precision, check_precision
+from ..tuning.precision import AUTO
+from ..tuning.search import choose_search
+from ..tuning.shapes import KnownShapes
 from .choose import network_field_of, plan_layout, start_format
-from .cpu_precision import LOW, compare_with_fp32, openvino_bf16, slow_precision_warning
+from .checks import CheckCache, check_auto, check_key, start_precision
+from .cpu_precision import LOW, CpuPrecision, compare_with_fp32, openvino_bf16, slow_precision_warning
 from .fingerprint import fingerprint as run_fingerprint
 from .fingerprint import finished_layout
 from .formats import choose_format, model_key_of, wants_backend
@@ -317,7 +320,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
 
     module = with_tta(model.module, cfg.tta)
     jobs = job_settings(cfg, 1)
-    precision, precision_note = _start_precision(cfg, device, jobs)
+    precision, precision_note = start_precision(cfg, device, jobs)
     predictor = Predictor(module, device, precision, compile=cfg.compile, memory_format=start_format(cfg),
                           backend="torch" if cfg.backend == "auto" else cfg.backend,
                           backend_key=model_key_of(cfg, model))
@@ -326,6 +329,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         predictor.use_backend("openvino")
     auto = cfg.precision == AUTO
     cpu_check = None  # a named fp16 or bf16 on the CPU, against fp32 on the first block
+    # What the network showed (its output at each shape it ran, the precision checks): cached once the run is accepted.
+    known, checks_cache = KnownShapes(model_key_of(cfg, model), in_channels), CheckCache()
 
     def first_block(geometry, halo: Coord):
         """The start block at the ROI's first corner (C, Z, Y, X), and the steps that normalise it."""
@@ -339,14 +344,13 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         a named one on the CPU: the same comparison, timed, for the summary and the slow warning."""
         nonlocal precision_note, cpu_check
         if not auto:
-            cpu_check = compare_with_fp32(predictor, module, *first_block(geometry, halo))
+            key = check_key(model_key_of(cfg, model), predictor, cfg.normalize, source.dtype)
+            cpu_check = checks_cache.get_or_run(
+                key, CpuPrecision, lambda: compare_with_fp32(predictor, module, *first_block(geometry, halo)))
             precision_note = str(cpu_check)
             return
-        check = check_precision(predictor, module, *first_block(geometry, halo))
-        if not check.passed:
-            logger.warning("%s", check.warning())
-            predictor.use_precision(check.precision)
-        precision_note = str(check)
+        precision_note = check_auto(predictor, module, lambda: first_block(geometry, halo), checks_cache,
+                                    lambda: check_key(model_key_of(cfg, model), predictor, cfg.normalize, source.dtype))
 
     resume_block = resume_halo = None
     if resumed and cfg.block in ("auto", None) and previous.fingerprint.get("block"):
@@ -371,7 +375,8 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         host_budget = run_budget(cfg, writers=cfg.num_writers or default_io_threads(cfg))  # the CPU's trials' budget
         layout = plan_layout(cfg, source, roi, model, predictor, resume_block, target_path, measure=measure,
                              todo_share=todo_share, after_dry_run=check_precision_on_first_block if checked else None,
-                             field=field, resume_halo=resume_halo, host_budget=host_budget, plan_only=plan_only)
+                             field=field, resume_halo=resume_halo, host_budget=host_budget, plan_only=plan_only,
+                             known=known)
         cfg = cfg.replace(precision=predictor.precision)  # what every worker runs, what markers and caches name
         step = block_step(layout.downsampling, cfg.output_chunks, cfg.shards)
         warnings = [layout.halo.warning() if layout.halo is not None and not resumed else "",  # said at its start
@@ -416,26 +421,18 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         layouts = MEMORY_FORMATS if cfg.memory_format in ("auto", None) else (cfg.memory_format,)
         format_choice = choose_format(cfg, model, predictor, (1, in_channels) + tuple(plan.input_shape),
                                       layouts=layouts, backends=("torch", "openvino") if backend_open else ("torch",))
+    search = None
     if not plan_only:  # every check passed: the count the memory check made is kept for the next run
         remember(layout.pass_memory)
+        known.save()
+        checks_cache.save()
+        workers = 1 if cfg.local else cfg.workers or cfg.jobs or _local_gpus() or 1
+        batches = -(-(plan.num_blocks - work.num_masked - work.num_done) // layout.batch_size)
+        search = choose_search(predictor, (layout.batch_size, in_channels) + tuple(plan.input_shape),
+                               batches / workers, model_key_of(cfg, model), measure=measure and cfg.local)
+        logger.info("%s", search)
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
-                    resumed, previous, masked, format_choice, precision_note, work)
-
-
-def _start_precision(cfg: RunConfig, device, jobs) -> tuple[str, str]:
-    """The precision the predictor starts at, and what the summary says of ``auto`` before any check.
-
-    ``auto`` on a machine without CUDA whose blocks run on GPUs (jobs with GPUs, or a cluster joined with
-    ``--device cuda``): the first block cannot be compared here, so tf32, which needs no check.
-    """
-    if cfg.precision != AUTO:
-        return cfg.precision, ""
-    gpu_workers = (jobs is not None and jobs.gpus_per_job) or (
-        str(cfg.device).startswith("cuda") and (cfg.scheduler is not None or cfg.cluster is not None))
-    if device.type == "cpu" and gpu_workers:
-        return FALLBACK, (f"{FALLBACK} (auto: this machine has no CUDA device to compare bf16 with fp32 on; "
-                          f"--precision bf16 runs bf16 unchecked)")
-    return auto_precision(device), ""
+                    resumed, previous, masked, format_choice, precision_note, work, search)
 
 
 #: A run estimated longer than this (seconds) says so before it starts.

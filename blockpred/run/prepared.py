@@ -13,6 +13,7 @@ from ..pipeline.job import ModelSpec
 from ..pipeline.markers import DoneMarkers
 from ..tuning.defaults import Defaults
 from ..tuning.memformat import FormatChoice
+from ..tuning.search import SearchChoice
 from .choose import Layout
 from .mask import Coverage
 from .plan import Work
@@ -44,6 +45,8 @@ class Prepared:
     precision_note: str = ""
     #: What the run has left: blocks masked out and done, voxels, files (:func:`blockpred.run.plan.count_left`).
     work: Work | None = None
+    #: Whether the run's passes search cuDNN's kernels, and why (:mod:`blockpred.tuning.search`); None: not chosen.
+    search: SearchChoice | None = None
 
     @property
     def memory_format(self) -> str:

@@ -265,7 +265,8 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
             owned.callback(markers.close)  # before the lock goes: its logs closed in this process
         job = Job(_absolute(source_path), _absolute(target_path), markers, p.layout.plan, p.settings, p.spec,
                   device=cfg.device, precision=p.cfg.precision, compile=cfg.compile, memory_format=p.memory_format,
-                  skip_empty=cfg.skip_empty, tta=cfg.tta, backend=p.backend, backend_key=model_key_of(p.cfg, p.model))
+                  skip_empty=cfg.skip_empty, tta=cfg.tta, backend=p.backend, backend_key=model_key_of(p.cfg, p.model),
+                  kernel_search=p.search is not None and p.search.on)
         # Nothing is held open from here on: workers (and HDF5's file locks) need the files.
         summary = _execute(cfg, job, p.predictor, p.model.name, str(source_path), str(target_path), p.resumed,
                            cluster, events)

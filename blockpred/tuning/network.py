@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import InvalidOptionError, ModelLoadError, first_line, is_out_of_memory
 from ..geometry import Coord
 from ..pipeline.infer import Predictor
+from .shapes import KnownShape, KnownShapes
 from .tensors import LargestTensor, weight_shapes
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class NetworkGeometry:
     #: The dry run's seeded random batch and the network's output for it, where :func:`probe_network` was asked
     #: to keep them (a warm process's dry run that stands for a timed pass); dropped once used.
     sample: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    #: False where the first dry run did not run: its shape was known (:mod:`.shapes`), so it timed nothing.
+    ran: bool = field(default=True, compare=False)
 
 
 def _dry_run(predictor: Predictor, in_channels: int, shape: Coord, sizes: str | None = None,
@@ -84,6 +87,7 @@ def probe_network(
     sizes: str | None = None,
     count: bool = True,
     keep_sample: bool = False,
+    known: KnownShapes | None = None,
 ) -> NetworkGeometry:
     """The geometry of the network on this block and halo (see the module docstring).
 
@@ -94,37 +98,52 @@ def probe_network(
     named in the one line a refused input gets.  ``count``: whether the first dry run counts the largest tensor
     (:attr:`NetworkGeometry.largest_per_voxel`, for CUDA's index limit); the count makes a first pass slower.
     ``keep_sample``: the first dry run runs on seeded random data and keeps it with its output
-    (:attr:`NetworkGeometry.sample`; a 'same' network's only).
+    (:attr:`NetworkGeometry.sample`; a 'same' network's only).  ``known``: the shapes the network ran at before
+    (:mod:`.shapes`): a dry run at one of them is taken from there, and each dry run's shape is kept there.
     """
     if first_input is None:
         first_input = (block + halo * 2).ceil_div(downsampling) * downsampling
     # torch's own path, uncompiled, is counted (another backend's or a compiled graph's tensors are not torch's)
     counter = (LargestTensor(weight_shapes(predictor.module))
                if count and predictor.backend == "torch" and predictor.compile == "off" else None)
-    try:
-        out_channels, first_output, sample = _dry_run(predictor, in_channels, first_input, sizes, counter,
-                                                      keep_sample)
-    except (ModelLoadError, InvalidOptionError):
-        if counter is None:
-            raise
-        counter = None  # the count itself may be what failed: the network is tried as it runs, uncounted
-        out_channels, first_output, sample = _dry_run(predictor, in_channels, first_input, sizes, keep=keep_sample)
-    per_voxel = counter.elements / first_input.prod() if counter is not None and counter.elements else None
-    if per_voxel is not None:
-        logger.info("largest tensor of the dry run: %d elements, %.1f per input voxel", counter.elements, per_voxel)
+    hit = known.get(first_input) if known is not None and not keep_sample else None
+    ran = hit is None or (counter is not None and hit.largest_per_voxel is None)
+    if not ran:
+        logger.info("dry run on an input of %s: known from an earlier run", "x".join(map(str, first_input)))
+        out_channels, first_output, sample, per_voxel = hit.out_channels, hit.output_shape, None, hit.largest_per_voxel
+    else:
+        try:
+            out_channels, first_output, sample = _dry_run(predictor, in_channels, first_input, sizes, counter,
+                                                          keep_sample)
+        except (ModelLoadError, InvalidOptionError):
+            if counter is None:
+                raise
+            counter = None  # the count itself may be what failed: the network is tried as it runs, uncounted
+            out_channels, first_output, sample = _dry_run(predictor, in_channels, first_input, sizes,
+                                                          keep=keep_sample)
+        per_voxel = counter.elements / first_input.prod() if counter is not None and counter.elements else None
+        if per_voxel is not None:
+            logger.info("largest tensor of the dry run: %d elements, %.1f per input voxel", counter.elements,
+                        per_voxel)
     shrink = first_input - first_output
     if any(s < 0 or s % 2 for s in shrink):
         raise ModelLoadError(
             f"the network maps an input of {tuple(first_input)} to {tuple(first_output)}; blockpred needs an output "
             f"equal to the input or smaller by an even number of voxels per axis"
         )
+    if ran and known is not None:
+        known.put(first_input, KnownShape(out_channels, first_output, per_voxel))
     context = shrink // 2
     if context == Coord((0, 0, 0)):
-        return NetworkGeometry(in_channels, out_channels, first_input, first_output, context, per_voxel, sample)
+        return NetworkGeometry(in_channels, out_channels, first_input, first_output, context, per_voxel, sample,
+                               ran=ran)
     valid_input = block + (halo + context) * 2
     wanted = block + halo * 2
     try:
-        _, valid_output, _ = _dry_run(predictor, in_channels, valid_input)
+        valid = known.get(valid_input) if known is not None else None
+        valid_output = valid.output_shape if valid is not None else _dry_run(predictor, in_channels, valid_input)[1]
+        if valid is None and known is not None and valid_output == wanted:
+            known.put(valid_input, KnownShape(out_channels, valid_output))
     except ModelLoadError as err:
         raise InvalidOptionError(
             f"block {tuple(block)} with halo {tuple(halo)} needs a network input of {tuple(valid_input)}, "
@@ -135,7 +154,7 @@ def probe_network(
             f"block {tuple(block)} with halo {tuple(halo)}: this valid-convolution network maps {tuple(valid_input)} "
             f"to {tuple(valid_output)}, not {tuple(wanted)}; try another block size"
         )
-    return NetworkGeometry(in_channels, out_channels, valid_input, valid_output, context, per_voxel)
+    return NetworkGeometry(in_channels, out_channels, valid_input, valid_output, context, per_voxel, ran=ran)
 
 
 def geometry_at(geometry: NetworkGeometry, block: Coord, halo: Coord, downsampling: Coord) -> NetworkGeometry:

@@ -9,7 +9,11 @@ on: :func:`check_precision`.  Where the low precision's output differs from
 fp32's by more than :data:`MAX_DIFF` of fp32's output range at any voxel, or
 by more than :data:`MEAN_DIFF` of it on average, the run falls back to tf32
 (fp32 storage, tensor-core products) with one warning line; the summary
-prints the check either way.  On the CPU ``auto`` is fp32: autocast there is
+prints the check either way.  Where the GPU computes bf16, fp16 is checked
+too (:func:`auto_candidates`: cremi2018 ran 98.3 Mvox/s at fp16 with
+channels_last against 79.8 at bf16 on an H200, 2026-11-27), each check
+timing a warm pass, and the faster of those that pass runs
+(:func:`choose_checked`); the checks are cached (:mod:`blockpred.run.checks`).  On the CPU ``auto`` is fp32: autocast there is
 slower, not faster.  A machine that runs no block itself (it submits jobs or
 joins a cluster, and has no CUDA device) cannot check: its GPU workers run tf32.
 """
@@ -45,15 +49,24 @@ def auto_precision(device: torch.device) -> str:
     return "bf16" if native else "fp16"
 
 
+def auto_candidates(device: torch.device) -> tuple[str, ...]:
+    """The low precisions ``auto`` checks on ``device``: bf16 and fp16 where CUDA computes bf16, else fp16 (before
+    Ampere); fp32 alone on the CPU."""
+    first = auto_precision(device)
+    return (first, "fp16") if first == "bf16" else (first,)
+
+
 @dataclass(frozen=True)
 class PrecisionCheck:
     """The first block at ``candidate`` against fp32: the largest and the mean absolute difference, as shares
-    of fp32's output range (``error``: why the comparison could not be made)."""
+    of fp32's output range (``error``: why the comparison could not be made), and a warm pass's seconds at
+    ``candidate`` (NaN where not timed)."""
 
     candidate: str
     max_diff: float
     mean_diff: float
     error: str = ""
+    seconds: float = math.nan
 
     @property
     def passed(self) -> bool:
@@ -101,12 +114,33 @@ def differences(low: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     return float(diff.max()) / scale, float(diff.mean()) / scale
 
 
+def choose_checked(checks: list[PrecisionCheck]) -> tuple[PrecisionCheck, str]:
+    """Of the candidates' checks, the one whose precision runs: the fastest of those that passed (by their timed
+    pass; the first where none was timed), else the first (its fallback says why); and the line that says
+    which others were checked."""
+    passed = [c for c in checks if c.passed]
+    chosen = min(passed, key=lambda c: (math.isnan(c.seconds), c.seconds, checks.index(c))) if passed else checks[0]
+    others = [c for c in checks if c is not chosen]
+    if not others:
+        return chosen, str(chosen)
+    said = "; ".join(f"{c.candidate} {'passed' if c.passed else 'failed'}"
+                     + (f", {c.seconds:.3f} s a pass" if not math.isnan(c.seconds) else "") for c in others)
+    timed = f", {chosen.seconds:.3f} s a pass" if chosen.passed and not math.isnan(chosen.seconds) else ""
+    return chosen, f"{chosen}{timed}; also checked: {said}"
+
+
 def check_precision(predictor: Predictor, module: torch.nn.Module, sample: np.ndarray,
                     steps: DeviceSteps) -> PrecisionCheck:
     """``sample`` (one block's raw input, (C, Z, Y, X)) through ``predictor`` at its precision and through
-    ``module`` at fp32 on the same device, with ``steps`` (their output dtype float32), compared."""
+    ``module`` at fp32 on the same device, with ``steps`` (their output dtype float32), compared; the predictor's
+    second pass is timed (its first at a new precision is not a run's pass)."""
+    import time
+
     steps = replace(steps, output_dtype=np.dtype("float32"), counted=None)
+    _output(predictor, sample, steps)
+    started = time.perf_counter()
     low = _output(predictor, sample, steps)
+    seconds = time.perf_counter() - started
     reference = Predictor(module, predictor.device, "fp32", memory_format=predictor.memory_format)
     try:
         exact = _output(reference, sample, steps)
@@ -119,7 +153,7 @@ def check_precision(predictor: Predictor, module: torch.nn.Module, sample: np.nd
         del reference
         if predictor.device.type == "cuda":
             torch.cuda.empty_cache()  # the reference's weights and activations: the run's memory again
-    return PrecisionCheck(predictor.precision, *differences(low, exact))
+    return PrecisionCheck(predictor.precision, *differences(low, exact), seconds=seconds)
 
 
 def _output(predictor: Predictor, sample: np.ndarray, steps: DeviceSteps) -> np.ndarray:

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import blockpred
-import blockpred.run.prepare
+import blockpred.run.checks
 from blockpred.config import make_config
 from blockpred.errors import OutputExistsError
 from blockpred.io import open_volume
 from blockpred.pipeline import DeviceSteps, Predictor
 from blockpred.tuning.precision import MAX_DIFF, MEAN_DIFF, PrecisionCheck, check_precision, differences
-from blockpred.run.prepare import _start_precision
+from blockpred.run.checks import start_precision
 from tests.helpers import read_volume, run_blockpred, write_test_volume
 from tests.networks import Cancelling, Smooth
 
@@ -80,7 +80,28 @@ def test_auto_on_the_cpu_is_fp32_bitwise_and_says_nothing_of_it(volume, tmp_path
 @pytest.fixture
 def bf16_device(monkeypatch):
     """The device's low precision is bf16 (CUDA's answer on a recent GPU; the CPU's autocast computes it)."""
-    monkeypatch.setattr(blockpred.run.prepare, "auto_precision", lambda device: "bf16")
+    monkeypatch.setattr(blockpred.run.checks, "auto_precision", lambda device: "bf16")
+    monkeypatch.setattr(blockpred.run.checks, "auto_candidates", lambda device: ("bf16",))
+
+
+def test_auto_checks_each_candidate_once_runs_the_faster_that_passes_and_a_later_run_checks_nothing(
+        volume, tmp_path, monkeypatch):
+    """bf16 and fp16, as on a recent GPU (the CPU's autocast computes both): each is checked against fp32 on the
+    first block, the faster that passes runs, the note names the other; a second run takes both checks from the
+    cache (issue 47) and says the same."""
+    monkeypatch.setattr(blockpred.run.checks, "auto_precision", lambda device: "bf16")
+    monkeypatch.setattr(blockpred.run.checks, "auto_candidates", lambda device: ("bf16", "fp16"))
+    calls = []
+    real = blockpred.run.checks.check_precision
+    monkeypatch.setattr(blockpred.run.checks, "check_precision",
+                        lambda predictor, *args: calls.append(predictor.precision) or real(predictor, *args))
+    first = blockpred.predict(volume, str(tmp_path / "first.zarr"), model="tests.networks:smooth", **PINNED)
+    assert calls == ["bf16", "fp16"] and first.precision in ("bf16", "fp16")
+    other = {"bf16": "fp16", "fp16": "bf16"}[first.precision]
+    assert f"also checked: {other} passed" in first.precision_note
+    again = blockpred.predict(volume, str(tmp_path / "again.zarr"), model="tests.networks:smooth", **PINNED)
+    assert calls == ["bf16", "fp16"]  # nothing checked again
+    assert (again.precision, again.precision_note) == (first.precision, first.precision_note)
 
 
 def test_auto_runs_bf16_where_the_first_block_keeps_fp32s_numbers_and_says_by_how_much(volume, tmp_path, bf16_device):
@@ -137,10 +158,10 @@ def test_an_output_started_at_fp32_resumed_at_auto_is_refused_naming_the_precisi
 
 def test_auto_on_a_machine_without_cuda_that_runs_gpu_workers_is_tf32_unchecked():
     joining = make_config(scheduler="tcp://127.0.0.1:8786", device="cuda")
-    precision, note = _start_precision(joining, CPU, None)
+    precision, note = start_precision(joining, CPU, None)
     assert precision == "tf32" and "no CUDA device to compare" in note
-    assert _start_precision(make_config(), CPU, None) == ("fp32", "")
-    assert _start_precision(make_config(precision="fp16"), CPU, None) == ("fp16", "")
+    assert start_precision(make_config(), CPU, None) == ("fp32", "")
+    assert start_precision(make_config(precision="fp16"), CPU, None) == ("fp16", "")
 
 
 def test_the_command_takes_precision_auto_and_refuses_an_unknown_one(volume, tmp_path):
@@ -158,3 +179,20 @@ def test_auto_on_cuda_runs_a_low_precision_checked_against_fp32(volume, tmp_path
     summary = blockpred.predict(volume, str(tmp_path / "out.zarr"), model="tests.networks:smooth", device="cuda",
                                 **PINNED)
     assert summary.precision in ("bf16", "fp16") and summary.precision_note.startswith(summary.precision)
+
+
+def test_auto_runs_the_faster_of_the_candidates_that_pass_and_says_which_others_it_checked():
+    """bf16 and fp16 on a recent GPU (issue 47): the faster that passes its check runs; one that fails is never
+    chosen however fast; none passing falls back as one candidate does; the note names the others."""
+    from blockpred.tuning.precision import FALLBACK, choose_checked
+
+    bf16 = PrecisionCheck("bf16", 0.01, 0.001, seconds=0.19)
+    fp16 = PrecisionCheck("fp16", 0.01, 0.001, seconds=0.16)
+    chosen, note = choose_checked([bf16, fp16])
+    assert chosen is fp16 and "also checked: bf16 passed, 0.190 s a pass" in note and note.startswith("fp16")
+    overflowing = PrecisionCheck("fp16", float("inf"), float("inf"), seconds=0.10)
+    chosen, note = choose_checked([bf16, overflowing])
+    assert chosen is bf16 and "fp16 failed" in note
+    chosen, _ = choose_checked([PrecisionCheck("bf16", 0.5, 0.1), overflowing])
+    assert not chosen.passed and chosen.precision == FALLBACK
+    assert choose_checked([bf16]) == (bf16, str(bf16))
