@@ -54,6 +54,7 @@ from torch import nn
 
 from ..errors import InputNotFoundError, InvalidOptionError, ModelLoadError
 from .bioimageio import is_package
+from .compat import inferno_stand_in
 from .loaded import LoadedModel, describe
 from .planes import as_planes, check_plane
 from .presets import PRESETS
@@ -194,6 +195,12 @@ def _load_module(module: nn.Module, weights: str | None, kwargs: dict, trust_pic
 
 def _load_factory(spec: str, weights: str | None, kwargs: dict, trust_pickle: bool) -> LoadedModel:
     module_name, _, attr_path = spec.partition(":")
+    with inferno_stand_in():  # a published model's inferno layers, where inferno itself is not importable
+        return _build_factory(spec, module_name, attr_path, weights, kwargs, trust_pickle)
+
+
+def _build_factory(spec: str, module_name: str, attr_path: str, weights: str | None, kwargs: dict,
+                   trust_pickle: bool) -> LoadedModel:
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -202,7 +209,8 @@ def _load_factory(spec: str, weights: str | None, kwargs: dict, trust_pickle: bo
             # The user's module was found; something it imports was not.
             top = missing.split(".")[0]
             fix = (f"install {top!r}" if top != "inferno" else "inferno's last release (inferno-pytorch 0.1.7) "
-                   "does not install on Python 3: put a package 'inferno' on PYTHONPATH that provides the names "
+                   "does not install on Python 3, and blockpred's stand-in provides its layers only "
+                   "(inferno.extensions.layers): put a package 'inferno' on PYTHONPATH that provides the names "
                    "the module imports")
             raise ModelLoadError(
                 f"model factory {spec!r}: module {module_name!r} imports {missing!r}, which is not installed "

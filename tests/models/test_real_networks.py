@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -132,20 +134,66 @@ def test_the_cremi_network_in_blocks_smaller_than_a_plane_leaves_no_seams(tmp_pa
     np.testing.assert_allclose(_read(tmp_path / "out.zarr"), expected, atol=1e-5, rtol=0)
 
 
-def test_the_recorded_cremi_pair_is_reproduced_blockwise(tmp_path, inferno_shim, monkeypatch):
-    monkeypatch.syspath_prepend(str(CREMI))
-    monkeypatch.syspath_prepend(str(inferno_shim))
+def test_the_recorded_cremi_pair_is_reproduced_blockwise_from_the_unmodified_model_file(tmp_path):
+    """The user's command on upstream's files as they are: model.py imports inferno, which is not installed, so
+    blockpred's inferno stand-in provides its layers (one line says so); the legacy state dict loads strictly into
+    them, and the recorded output is reproduced across four blocks."""
     recorded_input = np.load(CREMI / "fwd_input.npy")[0, 0]  # (320, 320), already normalised
     recorded_output = np.load(CREMI / "fwd_out.npy")[0]
     source = write_test_volume(str(tmp_path / "pair.zarr"), recorded_input[None])
-    blockpred.predict(source, str(tmp_path / "out.zarr"), model="model:DUNet2D", weights=str(CREMI / "state.nn"),
-                      model_kwargs={"in_channels": 1, "out_channels": 1}, normalize="none", block=(1, 160, 160),
-                      precision="fp32", progress=False, local=True)
+    result = run_blockpred("run", source, "out.zarr", "--model", "model:DUNet2D", "--weights", CREMI / "state.nn",
+                           "--model-kwargs", "in_channels=1,out_channels=1", "--normalize", "none",
+                           "--block", "1,160,160", "--precision", "fp32", "--no-progress",
+                           cwd=tmp_path, env=child_env(CREMI, ROOT))
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "inferno compatibility module" in line]
+    assert len(said) == 1 and "inferno, which is not installed" in said[0], result.stderr
     out = _read(tmp_path / "out.zarr")[0, 0]
     # Upstream padded the image with zeros inside the network; blockpred pads it by reflection: away from the
     # image's border (the halo, 80) the two agree, across the four blocks' seams.
     inner = (slice(80, 240), slice(80, 240))
     np.testing.assert_allclose(out[inner], recorded_output[inner], atol=1e-5, rtol=0)
+
+
+def test_the_inferno_stand_in_loads_inferno_layers_by_their_names_and_a_real_inferno_wins(tmp_path, inferno_shim):
+    """The stand-in's layers carry inferno's attribute names (their state dicts' keys), later inferno's batch-norm
+    layout loads too; where a package ``inferno`` is on the path (a user's own, here the tests' two-layer one) that
+    one is imported and nothing is said."""
+    code = textwrap.dedent("""
+        import logging, sys, torch
+        from blockpred.models.compat import inferno_stand_in
+        logging.basicConfig()
+        with inferno_stand_in():
+            import inferno
+            from inferno.extensions.layers.convolutional import ConvELU3D, Conv2D, BNReLUConv3D, ConvSigmoid2D
+            from inferno.extensions.layers import Concatenate, Upsample
+        print(inferno.__file__)
+        assert list(ConvELU3D(1, 2, 3).state_dict()) == ["conv.weight", "conv.bias"]
+        assert ConvSigmoid2D(1, 1, 3).activation.__class__ is torch.nn.Sigmoid and Conv2D(1, 1, 3).activation is None
+        layer = BNReLUConv3D(2, 3, 3)
+        later = {k.replace("batchnorm.", "batchnorm.bn."): v for k, v in layer.state_dict().items()}
+        layer.load_state_dict(later, strict=True)
+        x = torch.rand(1, 2, 4, 6, 6)
+        assert Concatenate()(x, x).shape[1] == 4 and Upsample(scale_factor=2)(x).shape[-1] == 12
+        assert "inferno" not in sys.modules  # the process as it was: import inferno elsewhere fails as before
+    """)
+    stand_in = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(ROOT),
+                              cwd=tmp_path)
+    assert stand_in.returncode == 0, stand_in.stderr
+    assert "compat" in stand_in.stdout and stand_in.stderr.count("inferno compatibility module") == 1
+    users = textwrap.dedent("""
+        import logging
+        from blockpred.models.compat import inferno_stand_in
+        logging.basicConfig()
+        with inferno_stand_in():
+            import inferno
+            from inferno.extensions.layers.convolutional import ConvELU2D, Conv2D
+        print(inferno.__file__)
+    """)
+    own = subprocess.run([sys.executable, "-c", users], capture_output=True, text=True,
+                         env=child_env(inferno_shim, ROOT), cwd=tmp_path)
+    assert own.returncode == 0, own.stderr
+    assert str(inferno_shim) in own.stdout and "compatibility" not in own.stderr
 
 
 # ------------------------------------------------------------------------- published kinds of 3D networks
@@ -276,13 +324,19 @@ def test_a_block_the_network_cannot_take_is_refused_naming_the_sizes_it_takes(tm
 
 
 def test_a_missing_dependency_of_the_users_module_is_named_not_the_module(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(CREMI))  # model.py imports inferno, which is not installed
-    for name in [n for n in sys.modules if n == "model" or n.split(".")[0] == "inferno"]:
-        monkeypatch.delitem(sys.modules, name)  # (another test's stand-in for inferno)
+    """A package not installed is named, and what installs it; a part of inferno the stand-in does not provide
+    (its graph container) is named with what the stand-in does provide."""
+    (tmp_path / "needs_elf.py").write_text("import elf_not_installed\n")
+    (tmp_path / "needs_graph.py").write_text("from inferno.extensions.containers.graph import Graph\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     source = write_test_volume(str(tmp_path / "v.zarr"), np.zeros((1, 32, 32), np.uint8))
-    with pytest.raises(ModelLoadError, match=r"module 'model' imports 'inferno', which is not "
-                                             r"installed .*inferno-pytorch 0\.1\.7\) does not install"):
-        blockpred.predict(source, str(tmp_path / "o.zarr"), model="model:DUNet2D", progress=False, local=True)
+    with pytest.raises(ModelLoadError, match=r"module 'needs_elf' imports 'elf_not_installed', which is not "
+                                             r"installed .*install 'elf_not_installed'"):
+        blockpred.predict(source, str(tmp_path / "o.zarr"), model="needs_elf:net", progress=False, local=True)
+    with pytest.raises(ModelLoadError, match=r"module 'needs_graph' imports 'inferno.extensions.containers', which "
+                                             r"is not installed .*stand-in provides its layers only"):
+        blockpred.predict(source, str(tmp_path / "o.zarr"), model="needs_graph:net", progress=False, local=True)
+    assert not (tmp_path / "o.zarr").exists() and "inferno" not in sys.modules
 
 
 def test_model_kwargs_on_the_command_line_are_read_as_yaml_values(tmp_path, capsys):

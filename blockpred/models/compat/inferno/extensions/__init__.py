@@ -1,0 +1,1 @@
+"""``inferno.extensions``: the layers published models import (:mod:`.layers`)."""
