@@ -7,6 +7,11 @@ Normalisation (``--normalize``):
 * ``none``: values are cast to float32 unchanged.
 * ``minmax:LO,HI``: ``(x - LO) / (HI - LO)``, finite numbers with LO < HI.
 * ``meanstd:M,S``: ``(x - M) / S``, finite numbers with S > 0.
+* ``percentile:LOW,HIGH`` (CSBDeep's convention, ``0 <= LOW < HIGH <= 100``) and
+  ``meanstd:auto``: the volume's own statistics, its LOW-th and HIGH-th
+  percentiles (as ``minmax``) or its mean and standard deviation (as
+  ``meanstd``), taken once per input from a bounded sample of it
+  (:meth:`Normalization.resolved`, :mod:`blockpred.run.normalization`).
 
 Anything else (``meanstd:nan,1``, ``minmax:3,3``) is refused: it would make every voxel NaN.
 
@@ -27,7 +32,7 @@ from .errors import InvalidOptionError
 
 @dataclass(frozen=True, slots=True)
 class Normalization:
-    kind: str  # "auto" | "none" | "minmax" | "meanstd"
+    kind: str  # "auto" | "none" | "minmax" | "meanstd" | "percentile" | "meanstd-auto"
     a: float = 0.0
     b: float = 1.0
 
@@ -39,6 +44,9 @@ class Normalization:
         if self.kind == "meanstd" and not (math.isfinite(self.a) and math.isfinite(self.b) and self.b > 0):
             raise InvalidOptionError(f"normalize {self} must be meanstd:MEAN,STD with finite numbers and STD > 0, "
                                      f"got MEAN={self.a:g}, STD={self.b:g}")
+        if self.kind == "percentile" and not (0 <= self.a < self.b <= 100):
+            raise InvalidOptionError(f"normalize {self} must be percentile:LOW,HIGH with 0 <= LOW < HIGH <= 100, "
+                                     f"got LOW={self.a:g}, HIGH={self.b:g}")
         if self.kind in ("minmax", "meanstd"):
             scale, offset = self.scale_offset(np.dtype(np.float32))
             with np.errstate(over="ignore"):
@@ -54,21 +62,51 @@ class Normalization:
         if spec in ("auto", "none"):
             return cls(spec)
         kind, _, args = spec.partition(":")
-        if kind in ("minmax", "meanstd"):
+        if spec == "meanstd:auto":
+            return cls("meanstd-auto")
+        if kind in ("minmax", "meanstd", "percentile"):
             try:
                 a, b = (float(v) for v in args.split(","))
             except ValueError:
+                numbers = {"minmax": "LO,HI", "meanstd": "MEAN,STD (or meanstd:auto)", "percentile": "LOW,HIGH"}
                 raise InvalidOptionError(
-                    f"normalisation {text!r} needs two numbers: {kind}:{'LO,HI' if kind == 'minmax' else 'MEAN,STD'}"
+                    f"normalisation {text!r} needs two numbers: {kind}:{numbers[kind]}"
                 ) from None
             return cls(kind, a, b)  # checked by __post_init__
         raise InvalidOptionError(
-            f"normalisation must be auto, none, minmax:LO,HI or meanstd:MEAN,STD, got {text!r}"
+            f"normalisation must be auto, none, minmax:LO,HI, meanstd:MEAN,STD, meanstd:auto or percentile:LOW,HIGH, "
+            f"got {text!r}"
         )
+
+    @property
+    def needs_statistics(self) -> bool:
+        """Whether it is taken of the volume (percentile, meanstd:auto): :meth:`resolved` gives the numbers."""
+        return self.kind in ("percentile", "meanstd-auto")
+
+    def resolved(self, sample: np.ndarray) -> "Normalization":
+        """The normalisation with numbers, for a volume whose voxels ``sample`` holds (itself where it has them):
+        percentile:LOW,HIGH as minmax of ``np.percentile(sample, (LOW, HIGH))``, meanstd:auto as meanstd of
+        ``sample.mean()`` and ``sample.std()``.  One line where the volume gives no range (a constant volume)."""
+        if not self.needs_statistics:
+            return self
+        if self.kind == "percentile":
+            low, high = (float(v) for v in np.percentile(sample, (self.a, self.b)))
+            if not low < high:
+                raise InvalidOptionError(
+                    f"normalize {self}: the volume's {self.a:g}th and {self.b:g}th percentiles are both {low:g}, "
+                    f"which leaves no range to scale; name --normalize minmax:LO,HI (or none)")
+            return Normalization("minmax", low, high)
+        mean, std = float(sample.mean()), float(sample.std())
+        if not std > 0:
+            raise InvalidOptionError(f"normalize {self}: the volume is constant ({mean:g}), its standard deviation "
+                                     f"0; name --normalize meanstd:MEAN,STD (or none)")
+        return Normalization("meanstd", mean, std)
 
     def scale_offset(self, dtype: np.dtype) -> tuple[float, float]:
         """``(scale, offset)`` such that normalised = x * scale + offset, for input ``dtype``."""
         dtype = np.dtype(dtype)
+        if self.needs_statistics:
+            raise ValueError(f"normalize {self} is taken of the volume: resolve it first (Normalization.resolved)")
         if self.kind == "auto":
             if dtype.kind in "ui":
                 return 1.0 / float(np.iinfo(dtype).max), 0.0
@@ -93,6 +131,8 @@ class Normalization:
     def __str__(self) -> str:
         if self.kind in ("auto", "none"):
             return self.kind
+        if self.kind == "meanstd-auto":
+            return "meanstd:auto"
         return f"{self.kind}:{self.a:g},{self.b:g}"
 
 

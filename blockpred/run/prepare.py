@@ -53,6 +53,7 @@ from .fingerprint import finished_layout
 from .formats import choose_format, model_key_of, wants_backend
 from .layout import block_step
 from .mask import Mask
+from .normalization import resolve_normalization
 from .output import check_inodes, check_place_free
 from .plan import count_left
 from .prepared import Prepared
@@ -304,6 +305,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
         from .package_stats import configure_run
 
         cfg = configure_run(cfg, source, previous if resumed else None, source_path, plan_only=not measure)
+    cfg, normalize_note = resolve_normalization(cfg, source, package=is_package(cfg.model))
     spec = ModelSpec(cfg.model, cfg.weights, cfg.model_kwargs, cfg.trust_pickle, cfg.plane)
     model = spec.load()
     in_channels = source.num_channels or 1
@@ -432,7 +434,7 @@ def prepare(cfg: RunConfig, source, source_path: VolumePath, target_path: Volume
                                batches / workers, model_key_of(cfg, model), measure=measure and cfg.local)
         logger.info("%s", search)
     return Prepared(cfg, source_path, target_path, model, spec, predictor, layout, channels, settings, fingerprint,
-                    resumed, previous, masked, format_choice, precision_note, work, search)
+                    resumed, previous, masked, format_choice, precision_note, work, search, normalize_note)
 
 
 #: A run estimated longer than this (seconds) says so before it starts.

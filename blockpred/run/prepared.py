@@ -47,6 +47,8 @@ class Prepared:
     work: Work | None = None
     #: Whether the run's passes search cuDNN's kernels, and why (:mod:`blockpred.tuning.search`); None: not chosen.
     search: SearchChoice | None = None
+    #: The normalisation that runs and where it came from (:mod:`blockpred.run.normalization`).
+    normalize_note: str = ""
 
     @property
     def memory_format(self) -> str:

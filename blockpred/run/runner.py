@@ -100,6 +100,8 @@ class PredictionSummary:
     backend: str = ""
     #: The halo, where it came from, and the network's receptive field (see :mod:`blockpred.run.halo`).
     halo: "HaloChoice | None" = None
+    #: The normalisation that ran and where it came from (see :mod:`blockpred.run.normalization`).
+    normalization: str = ""
 
     @property
     def started_s(self) -> float | None:
@@ -125,6 +127,8 @@ class PredictionSummary:
         lines = [f"chosen: {self.defaults}"] if self.defaults is not None else []
         if self.precision_note:
             lines.append(f"precision: {self.precision_note}")
+        if self.normalization:
+            lines.append(f"normalization: {self.normalization}")
         if self.halo is not None:
             lines.append(self.halo.note())
         if self.backend and self.backend != "torch":
@@ -180,6 +184,7 @@ class PredictionSummary:
             "block": list(self.plan.block_shape), "halo": list(self.plan.halo), "batch_size": self.batch_size,
             **({k: v for k, v in self.halo.as_dict().items() if k != "halo"} if self.halo is not None else {}),
             "precision": self.precision or None, "precision_note": self.precision_note or None,
+            "normalization": self.normalization or None,
             "backend": self.backend or None, "peak_rss_bytes": self.peak_rss_bytes,
             "output_dtype": self.output_dtype,
             "chosen": None if self.defaults is None else str(self.defaults),
@@ -278,7 +283,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
                                pyramid=pyramid, start_time=start_time, pipeline_time=pipeline_time,
                                plane=p.model.plane, precision=p.cfg.precision, precision_note=p.precision_note,
-                               halo=p.layout.halo,
+                               halo=p.layout.halo, normalization=p.normalize_note,
                                backend=p.predictor.backend_note if not summary.workers else p.backend,
                                peak_rss_bytes=peak_resident_bytes())
 
