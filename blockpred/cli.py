@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--trust-pickle", action="store_true", help="as for run")
     check.add_argument("--plane", choices=("yx", "zy", "zx"), help="as for run")
     check.add_argument("--in-channels", type=int, help="input channels, where the network does not say [1]")
+    check.add_argument("--input", metavar="VOLUME", help="also run one block of VOLUME at the normalisation named "
+                       "(else the default) and at meanstd:auto and percentile:1,99.8: each one's input and output "
+                       "statistics, and the one whose output spreads most, suggested")
+    check.add_argument("--normalize", help="the normalisation to try first with --input (as for run)")
     check.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     serve = sub.add_parser("serve", help="look before you run: serve the prediction to neuroglancer, each block "
@@ -328,10 +332,33 @@ def _check_model(args: argparse.Namespace) -> int:
                   f"channel(s); {grid}", f"halo      {halo.note(label='')}"]
         if halo.warning():
             lines.append(f"note      {halo.warning()}")
+        if args.input:
+            lines += _normalizations(args, loaded, halo.halo, downsampling, plane_axis, in_channels, report)
         report.update({"plane": loaded.plane, "grid_how": None if field is None else list(field.grid.how),
                        "sizes": None if field is None else field.grid.sizes_taken(), **halo.as_dict()})
     print(_json(report, args) if args.json else "\n".join(lines))
     return 0
+
+
+def _normalizations(args, loaded, halo, downsampling, plane_axis, in_channels, report: dict) -> list[str]:
+    """check-model --input: one block at each normalisation tried, and the one suggested (see
+    :mod:`blockpred.run.normalization`)."""
+    from .io import open_volume, parse_volume_path
+    from .models.bioimageio import is_package
+    from .run.normalization import suggest, try_normalizations
+
+    if is_package(args.model):
+        report["normalization"] = None
+        return ["normalize the package's own preprocessing, with its statistics of the volume (run applies it)"]
+    with open_volume(parse_volume_path(args.input)) as source:
+        trials = try_normalizations(loaded.module, source, args.normalize, halo=halo, downsampling=downsampling,
+                                    plane_axis=plane_axis, in_channels=in_channels)
+    best, warning = suggest(trials)
+    report["normalization"] = {"trials": [t.as_dict() for t in trials], "suggested": best.normalize,
+                               "warning": warning or None}
+    lines = ["normalize one block at the centre of the input, on the CPU:"] + [f"  {t.line()}" for t in trials]
+    lines.append(f"suggested --normalize {best.normalize} ({best.resolved} on this volume): its output spreads most")
+    return lines + ([f"note      {warning}"] if warning else [])
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -382,3 +382,20 @@ def test_a_resume_keeps_the_halo_it_started_with(tmp_path):
     assert tuple(first.plan.halo) == tuple(again.plan.halo) == (12, 12, 12)
     assert (again.num_resumed, again.stats.num_blocks) == (first.plan.num_blocks, 0)  # nothing redone
     np.testing.assert_array_equal(read_volume(again.output), written)
+
+
+def test_check_model_on_the_fib_sem_suggests_the_normalisation_the_cremi_network_was_trained_on(tmp_path, fibsem):
+    """The CREMI network at the default normalisation (uint8 / 255) gives a near-blank map on real EM; check-model
+    --input tries the candidates on one plane's block, warns, and suggests one under which the output's mean is
+    within 0.05 of upstream's recorded output (0.162)."""
+    source = write_test_volume(str(tmp_path / "fib.zarr"), fibsem[120:122])
+    result = run_blockpred("check-model", "model:DUNet2D", "--weights", CREMI / "state.nn", "--model-kwargs",
+                           "in_channels=1,out_channels=1", "--plane", "yx", "--input", source, "--json",
+                           cwd=tmp_path, env=child_env(CREMI, ROOT))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["normalization"]
+    trials = {t["normalize"]: t for t in report["trials"]}
+    assert set(trials) == {"auto", "meanstd:auto", "percentile:1,99.8"}
+    suggested = trials[report["suggested"]]
+    assert abs(suggested["output"]["mean"] - float(np.load(CREMI / "fwd_out.npy").mean())) <= 0.05
+    assert report["warning"].startswith("the output at --normalize auto is near-constant")
