@@ -322,7 +322,7 @@ def _check_model(args: argparse.Namespace) -> int:
         field = network_field_of(cfg, loaded, in_channels)  # what a run finds (and caches)
         downsampling = network_downsampling(cfg, loaded, field)
         halo = choose_halo(named=None, model_halo=loaded.default_halo, field=field, downsampling=downsampling,
-                           plane_axis=plane_axis, valid=loaded.padding == "valid")
+                           plane_axis=plane_axis, valid=loaded.padding == "valid", checked=loaded.kind == "bioimageio")
         shape = lambda c: "x".join(map(str, c))  # noqa: E731
         grid = ("the grid was not found (see the line above)" if field is None else
                 f"downsampling {shape(field.downsampling)} ({'/'.join(field.grid.how)}); input sizes "

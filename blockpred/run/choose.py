@@ -181,7 +181,8 @@ def plan_layout(cfg: RunConfig, source, roi, model, predictor: Predictor, resume
     else:
         halo_choice = cut_to_volume(choose_halo(named=cfg.halo, model_halo=model.default_halo, field=field,
                                                 downsampling=downsampling, plane_axis=plane_axis,
-                                                valid=model.padding == "valid"), source.spatial_shape, downsampling)
+                                                valid=model.padding == "valid", checked=model.kind == "bioimageio"),
+                                    source.spatial_shape, downsampling)
     # On the CPU, where the grid and field were just measured, the network has run in this process: its dry run
     # is warm enough to stand for the measured defaults' timed pass (see _measured_defaults), so it keeps its data.
     probe = functools.partial(probe_network, sizes=None if field is None else field.grid.sizes_taken(),

@@ -62,6 +62,9 @@ class HaloChoice:
     capped: bool = False
     #: The axis a 2D network's planes are stacked along (None: a 3D network).
     plane_axis: int | None = None
+    #: The halo a bioimage.io package states, where its measured field was found to reach past it (the halo
+    #: is then the field's); None otherwise.
+    stated: Coord | None = None
 
     @property
     def covers(self) -> bool | None:
@@ -87,10 +90,17 @@ class HaloChoice:
         cover = {True: "covered: blocks equal whole-volume prediction",
                  False: "NOT covered: block borders differ from whole-volume prediction",
                  None: "coverage unknown"}[self.covers]
+        if self.stated is not None:
+            where += f", not the {_shape(self.stated)} the package states"
         return f"{label}{_shape(self.halo)} {where} ({field}): {cover}"
 
     def warning(self) -> str:
         """One line where the output will differ at block borders and the user may not know, else ''."""
+        if self.stated is not None:
+            return (f"the package states halo {_shape(self.stated)}, but its network's receptive field reaches "
+                    f"{_shape(self.field.radius)}: taking halo {_shape(self.halo)}"
+                    + (f" (capped; {_shape(self.exact)} would cover it)" if self.capped else
+                       ", so blocks equal the whole plane") + f"; --halo {_flag(self.stated)} runs the stated one")
         if self.source == "fallback" and self.field is not None:
             return (f"the network's receptive field is {self.field.note}; halo {_shape(self.halo)} (blockpred's "
                     f"default): blocks may differ from whole-volume prediction at their borders; name --halo to be "
@@ -123,6 +133,7 @@ class HaloChoice:
         return {
             "halo": list(self.halo), "halo_source": self.source, "halo_covers_field": self.covers,
             "exact_halo": None if self.exact is None else list(self.exact),
+            "stated_halo": None if self.stated is None else list(self.stated),
             "receptive_radius": None if field is None or field.radius is None else list(field.radius),
             "receptive_field": None if field is None else field.describe(),
             "downsampling": None if field is None else list(field.downsampling),
@@ -138,12 +149,20 @@ def fallback_halo(plane_axis: int | None = None, downsampling: Coord | None = No
 
 
 def choose_halo(*, named: Coord | None, model_halo: Coord | None, field: NetworkField | None,
-                downsampling: Coord, plane_axis: int | None = None, valid: bool = False) -> HaloChoice:
+                downsampling: Coord, plane_axis: int | None = None, valid: bool = False,
+                checked: bool = False) -> HaloChoice:
     """The halo of a run (see the module docstring).  ``valid``: the model says it is a valid network (it reads
-    its own context), which counts where its field was not found."""
+    its own context), which counts where its field was not found.  ``checked``: the model's halo is a bioimage.io
+    package's statement, held against the measured field: where the field reaches past it, the field's halo is
+    taken (under the same cap), and both are said."""
     exact = field.exact_halo if field is not None else None
     if named is not None:
         return HaloChoice(named, "named", field, exact, plane_axis=plane_axis)
+    if model_halo is not None and checked and exact is not None and field is not None \
+            and not field.normalises_blocks and any(m < e for m, e in zip(model_halo, exact)):
+        halo = _affordable(exact, downsampling, plane_axis).maximum(model_halo)
+        return HaloChoice(halo, "field", field, exact, capped=halo != exact, plane_axis=plane_axis,
+                          stated=model_halo)
     if model_halo is not None:
         return HaloChoice(model_halo, "model", field, exact, plane_axis=plane_axis)
     if (field is not None and any(field.grid.context)) or (field is None and valid):

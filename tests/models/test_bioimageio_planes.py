@@ -246,3 +246,54 @@ def test_zy_planes_stacked_along_x_each_get_their_own_statistics(setup, tmp_path
                       device="cpu", progress=False, local=True)
     swapped = np.moveaxis(setup["raw"], 2, 0)  # (x, z, y): its planes are the volume's zy planes
     assert_close(read_all(target), np.moveaxis(package_on_volume(setup["net"], swapped), 1, 3))
+
+
+class Wide2d(nn.Module):
+    """A 2D network whose receptive radius (14) reaches far past the halo its package will state (4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Sequential(*[m for i in range(5) for m in (nn.Conv2d(1 if i == 0 else 4, 4, 3, padding=1),
+                                                                 nn.ELU())])
+        self.down = nn.MaxPool2d(2)
+        self.mid = nn.Sequential(*[m for _ in range(4) for m in (nn.Conv2d(4, 4, 3, padding=1), nn.ELU())])
+        self.out = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        a = self.pre(x)
+        b = nn.functional.interpolate(self.mid(self.down(a)), scale_factor=2.0, mode="nearest")
+        return self.out(torch.cat([a, b], 1))
+
+
+def test_a_package_whose_stated_halo_is_below_its_field_runs_with_the_fields_halo_and_equals_its_whole_plane(
+        tmp_path):
+    """The package states halo 4; its measured field reaches 14: the run takes the field's halo (16, on the grid),
+    says so in one line and in the summary, and blocks of 64 inside a 256 plane equal the package on the whole
+    plane away from its edges, where the stated halo leaves seams."""
+    torch.manual_seed(0)
+    net = Wide2d().eval()
+    torch.jit.script(net).save(str(tmp_path / "wide.pt"))
+    rng = np.random.default_rng(3)
+    package = build_2d_package(tmp_path, tmp_path / "wide.pt", rng.random((96, 96)).astype(np.float32), halo=4,
+                               min_size=32, step=16, zmuv_axes=("x", "y"), name="wide")
+    raw = (rng.random((2, 256, 256)) * 4 + 1).astype(np.float32)
+    source = write_test_volume(str(tmp_path / "vol.zarr/raw"), raw)
+    common = dict(model=str(package), block=(1, 64, 64), progress=False, local=True)
+    checked = blockpred.predict(source, str(tmp_path / "checked.zarr"), **common)
+    assert tuple(checked.plan.halo) == (0, 16, 16) and checked.halo.stated == Coord((0, 4, 4))
+    assert "not the 0x4x4 the package states" in str(checked) and checked.as_dict()["stated_halo"] == [0, 4, 4]
+    stated = blockpred.predict(source, str(tmp_path / "stated.zarr"), halo=(0, 4, 4), **common)
+    whole = np.stack([_package_whole_plane(net, plane) for plane in raw], axis=1)
+    inner = (slice(None), slice(None), slice(64, 192), slice(64, 192))
+    assert np.abs(read_all(checked.output)[inner] - whole[inner]).max() <= 1e-5
+    assert np.abs(read_all(stated.output)[inner] - whole[inner]).max() > 1e-3  # the stated halo leaves seams
+
+
+def _package_whole_plane(net, plane: np.ndarray) -> np.ndarray:
+    """The package on one whole plane as bioimage.io runs it: the plane's own mean and std, the network, a
+    sigmoid (2, rows, cols)."""
+    x = plane.astype(np.float32)
+    x = (x - np.float32(x.astype(np.float64).mean())) / np.float32(x.astype(np.float64).std() + EPS)
+    with torch.inference_mode():
+        out = net(torch.from_numpy(x)[None, None]).numpy()[0]
+    return 1 / (1 + np.exp(-out.astype(np.float64)))
