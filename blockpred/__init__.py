@@ -2,6 +2,7 @@
 
 >>> import blockpred
 >>> summary = blockpred.predict("volume.zarr/raw", "volume.zarr/prediction", model="tiny", block=64)
+>>> prediction = blockpred.predict(array, model="tiny")  # a numpy, dask or zarr array in, a numpy array out
 """
 
 __version__ = "0.1.0"

@@ -97,13 +97,16 @@ def folder_format(path: Path) -> Format | None:
     return None
 
 
-def parse_volume_path(text: str | Path, storage_options=None) -> VolumePath:
-    """Split a user's path into format, container and dataset.
+def parse_volume_path(text: str | Path | VolumePath, storage_options=None) -> VolumePath:
+    """Split a user's path into format, container and dataset (a :class:`VolumePath` is that already: returned
+    as it is).
 
     ``storage_options`` (a :class:`StorageOptions`, a mapping or ``KEY=VALUE``
     strings) go with an object-store URL's container; a local path ignores them.
     Raises :class:`InvalidOptionError` when no format can be told from the path.
     """
+    if isinstance(text, VolumePath):
+        return text
     text = str(text)
     options = StorageOptions.parse(storage_options)
     if text.startswith(PRECOMPUTED_SCHEME):

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,7 @@ from ..progress import ProgressBar
 from ..tuning.autosize import SizeChoice
 from ..tuning.defaults import Defaults
 from ..tuning.memformat import FormatChoice
+from .arrays import array_input, predict_array
 from .formats import model_key_of
 from .output import create_output
 from .plan import MIN_RECORDED_S, RunPlan, Throughput, ThroughputLog
@@ -60,6 +63,8 @@ logger = logging.getLogger(__name__)
 class PredictionSummary:
     """What :func:`predict` did.  Mvox/s counts output voxels of the ROI per second of pipeline."""
 
+    #: The paths read and written; an array input is described (``numpy array 16x32x32 uint8``), and a prediction
+    #: returned as an array is ``numpy array``.
     input: str
     output: str
     model: str
@@ -205,16 +210,23 @@ class PredictionSummary:
                                   self.stats.missing_chunks_note() if counted else "") if note]
 
 
-def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
-            config: str | os.PathLike | None = None, start_time: float | None = None,
-            **options: Any) -> PredictionSummary:
+def predict(input: str | os.PathLike | Any, output: str | os.PathLike | None = None, *,
+            config: str | os.PathLike | None = None, start_time: float | None = None, return_summary: bool = False,
+            **options: Any) -> PredictionSummary | Any:
     """Predict ``input`` with a network, block by block, into ``output``.
+
+    ``input`` is a path to a volume, or an array: numpy, dask or zarr (zarr-python 3), of (z, y, x) or
+    (c, z, y, x), read and never written (see :mod:`blockpred.run.arrays`).  Anything else is refused in one line.
 
     ``options`` are those of :class:`blockpred.config.RunConfig` (``model``,
     ``block``, ``halo``, ``device``, ``precision``, ``batch_size``, ``normalize``,
     ``output_dtype``, ``roi``, ``overwrite`` ...); they override the YAML file
-    ``config``.  Without ``output`` the prediction goes next to the input (see
-    :func:`default_output_path`).  Returns a :class:`PredictionSummary`.
+    ``config``.  Without ``output`` a path's prediction goes next to the input (see
+    :func:`default_output_path`).  Returns a :class:`PredictionSummary`, except for an array input without
+    ``output``: its prediction is returned as a numpy array, channels first as it would be stored
+    (``(c, z, y, x)``), and must fit in memory (else one line says to name an output); with
+    ``return_summary=True`` as ``(array, summary)`` (where the summary is returned, ``return_summary`` changes
+    nothing).
 
     A run on dask starts its cluster (:class:`blockpred.cluster.local.Cluster`) as
     soon as the input and output paths have passed their checks, so the
@@ -225,14 +237,29 @@ def predict(input: str | os.PathLike, output: str | os.PathLike | None = None, *
     ``blockpred`` command gives its process's start, so that it counts the interpreter's start-up too).
     """
     start_time = time.time() if start_time is None else float(start_time)
+    given = array_input(input)
+    if given is not None:
+        return predict_array(given, output, config, options, return_summary,
+                             run=functools.partial(_run, start_time=start_time))
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
+    return _run(cfg, source_path, target_path, start_time=start_time)
+
+
+def _run(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, *, start_time: float,
+         on_prepared: Callable[[Prepared], None] | None = None,
+         shown: tuple[str, str] | None = None) -> PredictionSummary:
+    """The run of checked paths, with its progress events; ``on_prepared(p)`` is called once it is checked and
+    planned, before anything is written; ``shown`` is what the summary calls its input and output (else their
+    paths)."""
     with ProgressEvents(cfg.progress_json) as events:
         try:
-            summary = _predict(cfg, source_path, target_path, start_time, events)
+            summary = _predict(cfg, source_path, target_path, start_time, events, on_prepared)
         except BaseException as err:
             failed = getattr(err, "failed", None)
             events.end(error=_event_error(err), failed_blocks=len(failed) if failed else 0)
             raise
+        if shown is not None:
+            summary = dataclasses.replace(summary, input=shown[0], output=shown[1])
         events.end(summary.as_dict())
     return summary
 
@@ -244,7 +271,7 @@ def _event_error(err: BaseException) -> str:
 
 
 def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, start_time: float,
-             events: ProgressEvents) -> PredictionSummary:
+             events: ProgressEvents, on_prepared: Callable[[Prepared], None] | None = None) -> PredictionSummary:
     cluster = None
     lock_at = lock_path(markers_path(target_path))
     # The lock outlives the cluster: no worker of this run writes once it is released.
@@ -263,6 +290,8 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
 
         with open_volume(source_path) as source:
             p = prepare(cfg, source, source_path, target_path, on_paths_checked=start_cluster)
+            if on_prepared is not None:
+                on_prepared(p)
             if cluster is not None:
                 cluster.check()  # a cluster that cannot start (a refused sbatch) fails the run before the output
             lock = owned.enter_context(_take_lock(lock_at, str(target_path)))
@@ -304,6 +333,9 @@ def plan(input: str | os.PathLike, output: str | os.PathLike | None = None, *,
         raise InvalidOptionError(f"--assume-mvox-per-s must be a positive number, got {assume_mvox_per_s}")
     if not gpus or any(int(n) <= 0 for n in gpus):
         raise InvalidOptionError(f"GPU counts must be positive, got {list(gpus)}")
+    if not isinstance(input, (str, os.PathLike, VolumePath)):
+        raise InvalidOptionError(f"blockpred.plan takes a path to a volume (a str or pathlib.Path), got a "
+                                 f"{type(input).__name__}; write an array to zarr (docs/data.md) and plan on its path")
     cfg, source_path, target_path = resolve_paths(input, output, config, options)
     with open_volume(source_path) as source:
         p = prepare(cfg, source, source_path, target_path, measure=False, plan_only=True)
