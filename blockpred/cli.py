@@ -372,7 +372,7 @@ def _demo(args: argparse.Namespace) -> int:
     raw = write_demo_volume(directory, shape)
     summary = predict(raw, model=args.model, device=args.device, overwrite=True)
     print(summary)
-    print(f"input:  {raw}\noutput: {summary.output}  (zarr v3 + OME-NGFF: open it in napari or with zarr.open)")
+    print(f"input:  {raw}\noutput: {summary.output}  (zarr v3 + OME-NGFF: open it in napari, or with zarr.open_group(...)['0'])")
     print(f"the same from the command line: blockpred run {raw} --overwrite")
     return 0
 

@@ -172,7 +172,9 @@ class PredictionSummary:
         )
         if self.pyramid is not None:
             lines.append(str(self.pyramid))
-        lines += [note for note in (s.nonfinite_note(self.output_dtype), s.missing_chunks_note()) if note]
+        # An input that cannot tell a missing chunk (TIFF, HDF5) says so in --json ("counted": false), not each run.
+        missing = s.missing_chunks_note() if s.missing_chunks_counted else ""
+        lines += [note for note in (s.nonfinite_note(self.output_dtype), missing) if note]
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
