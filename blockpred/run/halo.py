@@ -92,6 +92,8 @@ class HaloChoice:
                  None: "coverage unknown"}[self.covers]
         if self.stated is not None:
             where += f", not the {_shape(self.stated)} the package states"
+        if self.covers is False and self.exact is not None and not all(h >= e for h, e in zip(self.halo, self.exact)):
+            cover += f" (--halo {_flag(self.exact)} covers the field)"
         return f"{label}{_shape(self.halo)} {where} ({field}): {cover}"
 
     def warning(self) -> str:
