@@ -326,6 +326,8 @@ def test_a_block_the_network_cannot_take_is_refused_naming_the_sizes_it_takes(tm
 def test_a_missing_dependency_of_the_users_module_is_named_not_the_module(tmp_path, monkeypatch):
     """A package not installed is named, and what installs it; a part of inferno the stand-in does not provide
     (its graph container) is named with what the stand-in does provide."""
+    for name in [n for n in sys.modules if n.split(".")[0] == "inferno"]:
+        monkeypatch.delitem(sys.modules, name)  # (another test's inferno of its own)
     (tmp_path / "needs_elf.py").write_text("import elf_not_installed\n")
     (tmp_path / "needs_graph.py").write_text("from inferno.extensions.containers.graph import Graph\n")
     monkeypatch.syspath_prepend(str(tmp_path))
