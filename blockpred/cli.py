@@ -21,10 +21,12 @@ from .process import SIGNAL_EXIT_CODES, StandardStreams, end_on_signals, exit_no
 logger = logging.getLogger("blockpred")
 
 
-def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("model")
-    g.add_argument("--model", help="preset (tiny, cremi2018, unet32), model file, package.module:factory, or a "
-                   "bioimage.io package (rdf.yaml, its folder, or .zip) [tiny]")
+#: The model group's description (``--help``), by which a test finds its options.
+MODEL_GROUP = "the network and how it runs: the same options for run, plan, serve and bench"
+
+
+def _add_network_options(g) -> None:
+    """Which network, beyond the model's name: every command that loads one (check-model too) takes these."""
     g.add_argument("--weights", help="state-dict file for a factory or preset (loaded with weights_only=True)")
     g.add_argument("--model-kwargs", metavar="KEY=VALUE,...",
                    help="arguments of a factory (or a state dict's architecture), e.g. in_channels=1,out_channels=1; "
@@ -32,46 +34,80 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--trust-pickle", action="store_true", default=None,
                    help="allow unpickling a whole checkpoint, or running a bioimage.io package's architecture "
                         "source; this runs code from the file, so only for trusted files")
-    g = parser.add_argument_group("blocks")
-    g.add_argument("--block", help="block core Z,Y,X (or one number): what one block writes; auto: the fastest "
-                   "that fits the device, by a full trial search (cached) [measured from the model's default when "
-                   "the run is long enough to pay, a few seconds once per network and device]")
-    g.add_argument("--halo", help="context Z,Y,X read around each block and cropped [model's default]")
+    g.add_argument("--plane", choices=("yx", "zy", "zx"),
+                   help="the planes a 2D network predicts, one at a time: yx (stacked along z), zy or zx [yx for a "
+                        "2D network; a 3D network takes none]")
+
+
+def _words(choices: tuple[str, ...]):
+    """An argparse type: a comma-separated list of ``choices`` (bench's --precision and --backend: a row each)."""
+    def parse(text: str) -> tuple[str, ...]:
+        words = tuple(w.strip().lower() for w in text.split(",") if w.strip())
+        wrong = [w for w in words if w not in choices]
+        if not words or wrong:
+            raise argparse.ArgumentTypeError(f"must be a comma-separated list of {', '.join(choices)}, got {text!r}"
+                                             + (f" ({', '.join(map(repr, wrong))} is none of them)" if wrong else ""))
+        return tuple(dict.fromkeys(words))
+    return parse
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """The network and how it runs: one group for run, plan, serve and bench, so that bench times what run runs.
+
+    ``several`` (bench): --precision and --backend take a comma-separated list, a row of the table each.
+    """
+    from .choices import COMPILE_MODES, RUN_BACKENDS, RUN_PRECISIONS
+
+    rows = "; a comma-separated list times each" if several else ""
+    g = parser.add_argument_group("model and device", MODEL_GROUP)
+    g.add_argument("--model", help="preset (tiny, cremi2018, unet32), model file, package.module:factory, or a "
+                   "bioimage.io package (rdf.yaml, its folder, or .zip) [tiny]")
+    _add_network_options(g)
     g.add_argument("--downsampling", help="the network's total downsampling Z,Y,X, for networks that cannot tell")
-    g.add_argument("--roi", help="sub-volume z0:z1,y0:y1,x0:x1 to predict [whole volume]")
-    g.add_argument("--pad-mode", choices=("reflect", "edge", "constant"), help="padding past the volume edge [reflect]")
-    g = parser.add_argument_group("device")
+    g.add_argument("--normalize", help="auto, none, minmax:LO,HI or meanstd:MEAN,STD [auto]")
+    g.add_argument("--tta", choices=("off", "flips", "flips-yx"),
+                   help="test-time augmentation: the mean over the 8 flips of z, y and x (flips) or the 4 of y and "
+                        "x (flips-yx); exact under the halo crop; 8x (4x) the compute [off]")
     g.add_argument("--device", help="auto, cpu, cuda or cuda:N [auto]")
-    g.add_argument("--precision", choices=("auto", "fp32", "tf32", "fp16", "bf16"),
+    g.add_argument("--precision", **({"type": _words(RUN_PRECISIONS), "metavar": "PRECISION,..."} if several else
+                                     {"choices": RUN_PRECISIONS}),
                    help="auto: bf16 (fp16 before Ampere) on CUDA if the first block at it stays within 10%% at any "
-                        "voxel and 1%% on average of fp32's output range, else tf32; fp32 on the CPU [auto]")
-    g.add_argument("--batch-size", help="blocks per forward pass; auto: the fastest that fits [measured with the "
-                   "block, else 1]")
-    g.add_argument("--compile", choices=("off", "default", "reduce-overhead", "max-autotune"),
+                        f"voxel and 1%% on average of fp32's output range, else tf32; fp32 on the CPU{rows} [auto]")
+    g.add_argument("--compile", choices=COMPILE_MODES,
                    help="torch.compile the network; reduce-overhead replays CUDA graphs [off]")
     g.add_argument("--memory-format", choices=("contiguous", "channels_last", "auto"),
                    help="activation layout; channels_last is channels_last_3d; auto: the faster of the two for "
                         "this network and device, measured at the first run and cached [measured when the run "
                         "is long enough to pay, else contiguous]")
-    g.add_argument("--backend", choices=("auto", "torch", "openvino", "onnxruntime"),
+    g.add_argument("--backend", **({"type": _words(RUN_BACKENDS), "metavar": "BACKEND,..."} if several else
+                                   {"choices": RUN_BACKENDS}),
                    help="what runs the network: openvino or onnxruntime (pip install -e '.[onnx]') run it on the "
                         "CPU (converted once, cached); auto: on the CPU the faster of torch and openvino, measured "
-                        "with the memory format when the run is long enough to pay, then cached [auto]")
-    g.add_argument("--tta", choices=("off", "flips", "flips-yx"),
-                   help="test-time augmentation: the mean over the 8 flips of z, y and x (flips) or the 4 of y and "
-                        "x (flips-yx); exact under the halo crop; 8x (4x) the compute [off]")
-    g.add_argument("--plane", choices=("yx", "zy", "zx"),
-                   help="the planes a 2D network predicts, one at a time: yx (stacked along z), zy or zx [yx for a "
-                        "2D network; a 3D network takes none]")
+                        f"with the memory format when the run is long enough to pay, then cached{rows}"
+                        f"{', with its largest difference from torch at fp32' if several else ''} [auto]")
+    g.add_argument("--memory-limit", metavar="SIZE",
+                   help="peak memory of this process (each local worker), e.g. 2GB or 1.5GiB: a block foreseen over "
+                        "it is refused before it runs, and the CPU's block and batch trials keep to it; not --memory, "
+                        "a SLURM job's memory [what it holds and half the available memory per worker]")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    add_model_options(parser)
+    g = parser.add_argument_group("blocks")
+    g.add_argument("--block", help="block core Z,Y,X (or one number): what one block writes; auto: the fastest "
+                   "that fits the device, by a full trial search (cached) [measured from the model's default when "
+                   "the run is long enough to pay, a few seconds once per network and device]")
+    g.add_argument("--halo", help="context Z,Y,X read around each block and cropped [model's default]")
+    g.add_argument("--roi", help="sub-volume z0:z1,y0:y1,x0:x1 to predict [whole volume]")
+    g.add_argument("--pad-mode", choices=("reflect", "edge", "constant"), help="padding past the volume edge [reflect]")
+    g = parser.add_argument_group("pipeline")
+    g.add_argument("--batch-size", help="blocks per forward pass; auto: the fastest that fits [measured with the "
+                   "block, else 1]")
     g.add_argument("--readers", dest="num_readers", type=int,
                    help="reader threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--writers", dest="num_writers", type=int,
                    help="writer threads per worker [half its CPU cores, 2 to 8]")
     g.add_argument("--prefetch", type=int, help="blocks read ahead of the device [4]")
-    g.add_argument("--memory-limit", metavar="SIZE",
-                   help="peak memory of this process (each local worker), e.g. 2GB or 1.5GiB: a block foreseen over "
-                        "it is refused before it runs, and the CPU's block and batch trials keep to it; not --memory, "
-                        "a SLURM job's memory [what it holds and half the available memory per worker]")
     g = parser.add_argument_group("workers (dask)")
     g.add_argument("--workers", type=int, help="local dask workers; 1 runs one worker through dask [one per "
                    "visible GPU; with one GPU or none, the run goes in this process, without dask]")
@@ -102,7 +138,6 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jobqueue-config", metavar="FILE",
                    help="a dask-jobqueue YAML (jobqueue: slurm: ...) over the site's; the flags above win")
     g = parser.add_argument_group("input and output")
-    g.add_argument("--normalize", help="auto, none, minmax:LO,HI or meanstd:MEAN,STD [auto]")
     g.add_argument("--output-dtype", choices=("float32", "float16", "uint8"), help="[float32]")
     g.add_argument("--output-chunks", help="output chunk shape Z,Y,X [largest divisor of the block <= 128]")
     g.add_argument("--shards", help="zarr v3 shard shape Z,Y,X, block (one per block), off, or auto: by block "
@@ -123,13 +158,16 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "at most every second, an end event with the summary or the error")
 
 
-_RUN_KEYS = ("model", "weights", "model_kwargs", "trust_pickle", "block", "halo", "downsampling", "roi", "pad_mode",
-             "device", "precision", "batch_size", "num_readers", "num_writers", "prefetch", "normalize",
-             "output_dtype", "output_chunks", "shards", "channels", "compression", "overwrite", "progress",
-             "workers", "scheduler", "local", "retries", "skip_empty", "mask", "compile", "memory_format", "pyramid",
-             "pyramid_method", "storage_options", "missing_chunks", "no_worker_timeout", "cluster", "jobs",
-             "partition", "account", "walltime", "cores", "memory", "gpus_per_job", "jobqueue_config",
-             "progress_json", "tta", "backend", "plane", "memory_limit")
+#: The model group's options (:func:`add_model_options`), as keywords of :func:`blockpred.predict`.
+MODEL_KEYS = ("model", "weights", "model_kwargs", "trust_pickle", "plane", "downsampling", "normalize", "tta", "device",
+              "precision", "compile", "memory_format", "backend", "memory_limit")
+#: Every option of run (and of plan and serve), as keywords of :func:`blockpred.predict`.
+_RUN_KEYS = MODEL_KEYS + (
+    "block", "halo", "roi", "pad_mode", "batch_size", "num_readers", "num_writers", "prefetch", "output_dtype",
+    "output_chunks", "shards", "channels", "compression", "overwrite", "progress", "workers", "scheduler", "local",
+    "retries", "skip_empty", "mask", "pyramid", "pyramid_method", "storage_options", "missing_chunks",
+    "no_worker_timeout", "cluster", "jobs", "partition", "account", "walltime", "cores", "memory", "gpus_per_job",
+    "jobqueue_config", "progress_json")
 
 
 class _UsageError(SystemExit):
@@ -184,38 +222,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(plan)
 
     bench = sub.add_parser("bench", help="model throughput, device load, and runtime extrapolation",
-                           description="Time forward passes on device-resident data; extrapolate runtimes.")
-    bench.add_argument("--model", default="tiny", help="preset, model file or package.module:factory [tiny]")
-    bench.add_argument("--weights", help="state-dict file for a factory or preset")
-    bench.add_argument("--block", help="block core Z,Y,X, or auto (as `run --block auto` for --volume-shape) "
-                       "[what `run` would choose for --volume-shape]")
-    bench.add_argument("--halo", help="halo Z,Y,X [the run's: the model's, else its receptive field]")
-    bench.add_argument("--batch-size", help="batch sizes, e.g. 1,2,4 or auto [what `run` would choose]")
-    bench.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead", "max-autotune"),
-                       help="torch.compile the network [off]")
-    bench.add_argument("--memory-format", choices=("contiguous", "channels_last"),
-                       help="activation layout [what `run` would choose]")
-    bench.add_argument("--backend", help="backends, e.g. torch,openvino,onnxruntime: a row for each, with its "
-                       "largest difference from torch at fp32 [what `run` would choose]")
-    bench.add_argument("--tta", default="off", choices=("off", "flips", "flips-yx"),
-                       help="time the network under test-time augmentation (a pass per flip), so Mvox/s and "
-                            "--extrapolate count its cost [off]")
-    bench.add_argument("--precision", default="fp32", help="precisions, e.g. fp32,tf32,fp16,bf16 [fp32]")
-    bench.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N [auto]")
-    bench.add_argument("--warmup", type=int, default=2, help="untimed passes per configuration [2]")
-    bench.add_argument("--iterations", type=int, default=5, help="timed passes per configuration [5]")
-    bench.add_argument("--extrapolate", help="dataset sizes: 8.1T, 1.9G, 200x3072x3072, cremi-padded, platynereis")
-    bench.add_argument("--gpus", default="1,2,4,8", help="GPU counts for the extrapolation [1,2,4,8]")
-    bench.add_argument("--assume-mvox-per-s", type=float, help="skip the measurement; extrapolate from this figure")
-    bench.add_argument("--pipeline", action="store_true", help="also run the real `blockpred run` path end to end")
-    bench.add_argument("--input", help="volume for --pipeline [a synthetic EM volume of --volume-shape]")
-    bench.add_argument("--volume-shape", default="128,256,256",
-                       help="synthetic volume for --pipeline, and the region --block auto sizes for [128,256,256]")
-    bench.add_argument("--workers", type=int, help="dask workers for --pipeline [one per device]")
-    bench.add_argument("--train", action="store_true", help="also time training iterations on the same block")
-    bench.add_argument("--json", help="write every figure and the environment to this JSON file")
-    bench.add_argument("--markdown", help="write the tables as markdown to this file")
-    bench.add_argument("--plot", help="PNG of throughput against batch size and precision (needs matplotlib: pip install -e \".[bench]\")")
+                           description="Time forward passes on device-resident data at what `run` would choose for "
+                                       "the volume (--input, else a synthetic one); extrapolate runtimes.")
+    add_model_options(bench, several=True)
+    g = bench.add_argument_group("what is timed")
+    g.add_argument("--input", help="the volume `run` would predict: the block, batch, precision and layout are what "
+                   "run chooses for it, and --pipeline predicts it [a synthetic uint8 volume of --volume-shape]")
+    g.add_argument("--volume-shape", help="the synthetic volume's shape Z,Y,X, without --input [128,256,256]")
+    g.add_argument("--block", help="block core Z,Y,X, or auto (as `run --block auto`) [what `run` would choose]")
+    g.add_argument("--halo", help="halo Z,Y,X [what `run` would choose: the model's, else its receptive field]")
+    g.add_argument("--batch-size", help="batch sizes, e.g. 1,2,4 or auto [what `run` would choose]")
+    g.add_argument("--warmup", type=int, default=2, help="untimed passes per configuration [2]")
+    g.add_argument("--iterations", type=int, default=5, help="timed passes per configuration [5]")
+    g.add_argument("--pipeline", action="store_true", help="also run the real `blockpred run` path end to end")
+    g.add_argument("--workers", type=int, help="dask workers for --pipeline [one per device]")
+    g.add_argument("--train", action="store_true", help="also time training iterations on the same block")
+    g = bench.add_argument_group("extrapolation and reports")
+    g.add_argument("--extrapolate", help="dataset sizes: 8.1T, 1.9G, 200x3072x3072, cremi-padded, platynereis")
+    g.add_argument("--gpus", default="1,2,4,8", help="GPU counts for the extrapolation [1,2,4,8]")
+    g.add_argument("--assume-mvox-per-s", type=float, help="skip the measurement; extrapolate from this figure")
+    g.add_argument("--json", help="write every figure, the volume and the environment to this JSON file")
+    g.add_argument("--markdown", help="write the tables as markdown to this file")
+    g.add_argument("--plot", help="PNG of throughput against batch size and precision (needs matplotlib: pip "
+                   "install -e \".[bench]\")")
 
     check = sub.add_parser("check-model", help="what blockpred finds of a network, and whether a bioimage.io "
                            "package reproduces its own test output",
@@ -224,10 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "does not match); then print the network's downsampling, the input sizes it "
                                        "takes, its receptive field and the halo `run` would take.")
     check.add_argument("model", help="preset, model file, package.module:factory or a bioimage.io package")
-    check.add_argument("--weights", help="state-dict file for a factory or preset")
-    check.add_argument("--model-kwargs", metavar="KEY=VALUE,...", help="arguments of a factory (values read as YAML)")
-    check.add_argument("--trust-pickle", action="store_true", help="as for run")
-    check.add_argument("--plane", choices=("yx", "zy", "zx"), help="as for run")
+    _add_network_options(check)
     check.add_argument("--in-channels", type=int, help="input channels, where the network does not say [1]")
     check.add_argument("--input", metavar="VOLUME", help="also run one block of VOLUME at the normalisation named "
                        "(else the default) and at meanstd:auto and percentile:1,99.8: each one's input and output "
@@ -303,14 +329,14 @@ def _check_model(args: argparse.Namespace) -> int:
     from .run.halo import choose_halo
 
     kwargs = parse_model_kwargs(args.model_kwargs) if args.model_kwargs else {}
-    result = check_model(args.model, args.weights, trust_pickle=args.trust_pickle, plane=args.plane,
+    result = check_model(args.model, args.weights, trust_pickle=bool(args.trust_pickle), plane=args.plane,
                          model_kwargs=kwargs)
     report: dict = {"model": result.name, "kind": result.kind, "test": str(result), "passed": result.passed}
     if result.passed is False:
         raise PackageTestFailedError(str(result))
     lines = [str(result)]
     try:
-        loaded = load_model(args.model, weights=args.weights, model_kwargs=kwargs, trust_pickle=args.trust_pickle,
+        loaded = load_model(args.model, weights=args.weights, model_kwargs=kwargs, trust_pickle=bool(args.trust_pickle),
                             plane=args.plane)
     except Exception as err:  # noqa: BLE001 - a package that normalises with a volume's statistics has none here
         lines.append(f"receptive field: measured by `run` and `plan`, which have a volume ({one_line(err)})")
@@ -389,7 +415,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench.command import bench_command
 
-    return bench_command(args)
+    return bench_command(args, {key: getattr(args, key) for key in MODEL_KEYS})
 
 
 def main(argv: list[str] | None = None) -> int:

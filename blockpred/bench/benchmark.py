@@ -26,6 +26,7 @@ import torch
 from ..geometry import Coord
 from ..pipeline import Predictor
 from ..pipeline.blocking import check_block_on_grid
+from .choice import BenchVolume, run_choice
 from .monitor import DeviceMonitor
 
 
@@ -125,124 +126,70 @@ def format_table(results: list[ThroughputResult]) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class RunChoice:
-    """What ``blockpred run`` chooses for a uint8 volume of a shape (:func:`run_choice`)."""
+def run(options: dict, volume: BenchVolume, loaded, *, block: Coord | str | None = None, halo: Coord | None = None,
+        batch_sizes: tuple[int | str, ...] | None = None, precisions: tuple[str, ...] = ("auto",),
+        backends: tuple[str, ...] = ("auto",), warmup: int = 2, iterations: int = 5,
+        progress=None) -> list[ThroughputResult]:
+    """Measure every batch size x precision x backend of the network ``loaded`` (from ``options``, the run's model
+    options: :func:`blockpred.predict`'s keywords); what is not named is what ``blockpred run`` would choose.
 
-    block: Coord
-    halo: Coord
-    batch_size: int
-    memory_format: str
-    #: The run's own words for the choice (its measured defaults' line and its halo's).
-    how: str
-    backend: str = "torch"
-
-
-def run_choice(*, model: str, weights: str | None, region: Coord, precision: str, device: str,
-               block: Coord | None = None, halo: Coord | None = None, batch_size: int | None = None,
-               memory_format: str | None = None, tta: str = "off") -> RunChoice:
-    """The block, halo, batch and memory format ``blockpred run`` would take over a uint8 volume of shape
-    ``region`` on ``device`` at ``precision`` (what is named stays named): the run's own planning
-    (:func:`blockpred.run.prepare.prepare`, its measured defaults and caches included) on an empty volume of
-    that shape in a temporary directory (no chunk is written; its reads are of zeros)."""
-    import tempfile
-    from pathlib import Path
-
-    from ..config import make_config
-    from ..io import create_volume, open_volume, parse_volume_path
-    from ..run.prepare import prepare
-
-    with tempfile.TemporaryDirectory(prefix="blockpred-bench-") as workdir:
-        source_path = parse_volume_path(str(Path(workdir) / "region.zarr"))
-        create_volume(source_path, spatial_shape=region, num_channels=None, dtype="uint8",
-                      chunk_shape=tuple(min(64, s) for s in region), ome=False).close()
-        cfg = make_config(model=model, weights=weights, block=block, halo=halo, batch_size=batch_size,
-                          memory_format=memory_format, precision=precision, device=device, tta=tta, local=True,
-                          progress=False)
-        with open_volume(source_path) as source:
-            p = prepare(cfg, source, source_path, parse_volume_path(str(Path(workdir) / "out.zarr")))
-    how = "; ".join(filter(None, [f"chosen {p.defaults}" if p.defaults is not None else "",
-                                  p.layout.halo.note() if p.layout.halo is not None else ""]))
-    return RunChoice(p.layout.plan.block_shape, p.layout.plan.halo, p.settings.batch_size, p.memory_format, how,
-                     p.backend)
-
-
-def run(*, model: str = "tiny", weights: str | None = None, block: Coord | str | None = None,
-        halo: Coord | None = None, batch_sizes: tuple[int | str, ...] | None = None,
-        precisions: tuple[str, ...] = ("fp32",), device: str = "auto", warmup: int = 2, iterations: int = 5,
-        compile: str = "off", memory_format: str | None = None, region: Coord = Coord((128, 256, 256)),
-        progress=None, tta: str = "off", backends: tuple[str, ...] | None = None) -> list[ThroughputResult]:
-    """Measure every batch size x precision; shapes from the options, else what ``blockpred run`` would choose.
-
-    ``tta`` times the network under test-time augmentation (a pass per flip), so
-    Mvox/s and the extrapolation from it count what ``run --tta`` costs.
-
-    What is not named (the block, the halo, the batch: ``batch_sizes=None``, the
-    memory format) is what ``blockpred run`` would choose per precision for a
-    uint8 volume of shape ``region`` (:func:`run_choice`: its measured
-    defaults, its receptive-field halo).  ``block="auto"`` or a batch size
-    ``"auto"`` run the full trial search of ``run --block auto`` instead.
-    ``backends`` (``torch``, ``openvino``): a row for each, with its largest
-    difference from torch at fp32; None: the backend the run would choose.
+    What is left open (the block, ``"auto"`` or None; the halo; the batch, ``batch_sizes=None`` or ``("auto",)``;
+    the memory format; precision or backend ``"auto"``) is what a run with these options chooses over ``volume``
+    (:func:`~blockpred.bench.choice.run_choice`: the run's own planning, measured defaults, trials and caches),
+    per precision.  Several ``backends`` give a row each, with its largest difference from torch at fp32.
+    ``options["tta"]`` times the network under test-time augmentation (a pass per flip), so Mvox/s and the
+    extrapolation from it count what ``run --tta`` costs.
     """
-    from ..models import load_model
-    from ..models.planes import check_halo, stack_axis
+    from ..config import make_config
+    from ..models.planes import check_halo
     from ..models.tta import with_tta
     from ..pipeline import resolve_device
-    from ..run.choose import DEFAULT_BLOCK
-    from ..run.halo import fallback_halo
+    from ..run.formats import model_key_of
     from ..tuning.network import probe_network
 
-    target = resolve_device(device)
-    loaded = load_model(model, weights=weights)  # once: each predictor casts its own copy to its precision
-    given = block if isinstance(block, Coord) else (loaded.default_block or DEFAULT_BLOCK)
-    halo_ = halo if halo is not None else (loaded.default_halo if loaded.default_halo is not None else
-                                           fallback_halo(stack_axis(loaded.plane) if loaded.plane else None))
-    if loaded.plane is not None and halo is not None:
-        check_halo(halo_, loaded.plane, loaded.name)
-    in_channels = loaded.in_channels or 1
+    cfg = make_config(**options)
+    target = resolve_device(cfg.device)
+    in_channels = volume.num_channels or 1
+    batches_named = batch_sizes is not None and "auto" not in batch_sizes
+    named = isinstance(block, Coord) and halo is not None and batches_named and cfg.memory_format not in (None, "auto")
     if isinstance(block, Coord):  # the rule `run` applies, before any device time is spent
-        check_block_on_grid(given, loaded.downsampling)
-    from ..tuning.sizing import model_key
-
-    results = []
+        check_block_on_grid(block, cfg.downsampling or loaded.downsampling)
+    if loaded.plane is not None and halo is not None:
+        check_halo(halo, loaded.plane, loaded.name)
+    key = model_key_of(cfg, loaded)
+    results, timed = [], set()
     for precision in precisions:
-        chosen, layout, choice = given, memory_format or "contiguous", None
-        batches = list(batch_sizes) if batch_sizes is not None else [None]
-        if block != "auto" and "auto" not in batches and (block is None or None in batches or memory_format is None
-                                                          or halo is None):
-            choice = run_choice(model=model, weights=weights, region=region, precision=precision, device=device,
-                                block=block, halo=halo, batch_size=batches[0] if len(batches) == 1 else 1,
-                                memory_format=memory_format, tta=tta)
-            chosen, halo_, layout = choice.block, choice.halo, choice.memory_format
-            batches = [choice.batch_size if b is None else b for b in batches]
+        chosen, halo_, layout, downsampling = block, halo, cfg.memory_format, cfg.downsampling or loaded.downsampling
+        batches = list(batch_sizes) if batches_named else None
+        runs_as = "auto" if len(backends) > 1 else backends[0]
+        choice = None
+        if not named or precision == "auto" or runs_as == "auto":
+            batch = None if batch_sizes is None else batch_sizes[0] if len(batch_sizes) == 1 else 1
+            choice = run_choice({**options, "precision": precision, "backend": runs_as, "block": block, "halo": halo,
+                                 "batch_size": batch}, volume)
+            chosen, halo_, layout, downsampling = choice.block, choice.halo, choice.memory_format, choice.downsampling
+            precision, batches = choice.precision, batches or [choice.batch_size]
             if progress is not None:
-                progress(f"{loaded.name} {precision}: as `blockpred run` would over "
-                         f"{'x'.join(map(str, region))} uint8: block {'x'.join(map(str, chosen))}, batch "
-                         f"{batches[0]}, {layout}; {choice.how}")
-        batches = [1 if b is None else b for b in batches]
-        key = model_key(loaded.name, loaded.weights_sha256)
-        runs_on = list(backends) if backends is not None else [choice.backend if choice is not None else "torch"]
-        predictor = Predictor(with_tta(loaded.module, tta), target, precision, compile=compile,
+                progress(f"{loaded.name} {precision}: as `blockpred run` would over {volume}: block "
+                         f"{'x'.join(map(str, chosen))}, batch {batches[0]}, {layout}, {choice.backend}; {choice.how}")
+        runs_on = [b for b in dict.fromkeys(choice.backend if b == "auto" else b for b in backends)
+                   if (precision, b) not in timed]  # auto may choose a precision (a backend) also named
+        if not runs_on:
+            continue
+        timed.update((precision, b) for b in runs_on)
+        predictor = Predictor(with_tta(loaded.module, cfg.tta), target, precision, compile=cfg.compile,
                               memory_format=layout)
-        if block == "auto" or "auto" in batches:
-            sizing = _auto_size(loaded, predictor, in_channels, chosen, halo_, region,
-                                search_block=block == "auto", fixed_batch=None if "auto" in batches else batches[0])
-            if progress is not None:
-                progress(f"{loaded.name} {precision}: auto size {sizing}")
-            chosen = sizing.block
-            batches = [sizing.batch_size if b == "auto" else b for b in batches]
         if target.type == "cpu" and progress is not None:
             progress(_cpu_estimate(predictor, loaded, in_channels, chosen, halo_, batches, warmup + iterations))
         geometry = probe_network(predictor, in_channels=in_channels, block=chosen, halo=halo_,
-                                 downsampling=loaded.downsampling, count=False)
+                                 downsampling=downsampling, count=False)
         sample = np.random.default_rng(0).random((1, in_channels) + tuple(geometry.input_shape), dtype=np.float32)
         reference = None
         for backend in runs_on:
             if backend != "torch" or len(runs_on) > 1:  # each backend its own predictor, compared with torch fp32
                 if reference is None:
-                    reference = Predictor(with_tta(loaded.module, tta), target, "fp32")(sample)
-                predictor = Predictor(with_tta(loaded.module, tta), target, precision, compile=compile,
+                    reference = Predictor(with_tta(loaded.module, cfg.tta), target, "fp32")(sample)
+                predictor = Predictor(with_tta(loaded.module, cfg.tta), target, precision, compile=cfg.compile,
                                       memory_format=layout if backend == "torch" else "contiguous", backend=backend,
                                       backend_key=key)
             diff = None if reference is None else float(np.abs(predictor(sample) - reference).max())
@@ -287,29 +234,6 @@ def _cpu_estimate(predictor: Predictor, loaded, in_channels: int, block: Coord, 
             f"{f'{total:.0f} s' if total < 120 else f'{total / 60:.0f} min'} of passes")
 
 
-def _auto_size(loaded, predictor: Predictor, in_channels: int, block: Coord, halo: Coord, region: Coord, *,
-               search_block: bool, fixed_batch: int | None):
-    """The run's auto sizing for a uint8 volume of shape ``region`` (see :mod:`blockpred.tuning.autosize`)."""
-    from ..geometry import Box
-    from ..pipeline import DeviceSteps
-    from ..tuning.autosize import SizeProblem, choose_sizes, model_key, probe_block
-    from ..tuning.network import probe_network
-    from ..tuning.tensors import max_input_voxels
-
-    step = loaded.downsampling
-    small = probe_block(block, step) if search_block else block
-    geometry = probe_network(predictor, in_channels=in_channels, block=small, halo=halo, downsampling=step,
-                             count=predictor.device.type == "cuda")
-    problem = SizeProblem(
-        in_channels=in_channels, raw_dtype=np.dtype("uint8"), halo=halo, context=geometry.context,
-        input_extra=geometry.input_shape - (small + (halo + geometry.context) * 2), step=step, base_block=block,
-        roi=Box.from_shape(region), steps=DeviceSteps(scale=1 / 255), fixed_block=None if search_block else block,
-        fixed_batch=fixed_batch,
-        max_input_voxels=max_input_voxels(geometry.largest_per_voxel) if predictor.device.type == "cuda" else None,
-    )
-    return choose_sizes(predictor, problem, model_key=model_key(loaded.name, loaded.weights_sha256))
-
-
 @dataclass
 class PipelineResult:
     """End-to-end: the real ``blockpred run`` path over a volume, against model-only at the same shapes."""
@@ -342,30 +266,27 @@ class PipelineResult:
         return out
 
 
-def run_pipeline(*, model: str, weights: str | None, block: Coord, halo: Coord, batch_size: int, precision: str,
-                 device: str, model_only: ThroughputResult, input_path: str | None, volume_shape: Coord,
-                 workdir: str, workers: int | None = None, compile: str = "off",
-                 memory_format: str = "contiguous") -> PipelineResult:
-    """Predict ``input_path`` (or a synthetic EM volume of ``volume_shape``) with the real run path."""
+def run_pipeline(options: dict, volume: BenchVolume, *, block: Coord, halo: Coord | None, batch_size: int,
+                 precision: str, backend: str, model_only: ThroughputResult, workdir: str,
+                 workers: int | None = None) -> PipelineResult:
+    """Predict ``volume`` (a synthetic EM volume of its shape where it is synthetic) with the real run path and the
+    run's ``options``, at the block, batch, precision and backend measured model-only."""
     from pathlib import Path
 
     from ..io.synthetic import write_em_volume
+    from ..pipeline import resolve_device
     from ..run.runner import predict
 
-    if input_path is None:
-        input_path = write_em_volume(str(Path(workdir) / "bench-input.zarr"), volume_shape)
-    from ..pipeline import resolve_device
-
-    with DeviceMonitor(resolve_device(device)) as monitor:
-        summary = predict(input_path, str(Path(workdir) / "bench-output.zarr"), model=model, weights=weights,
-                          block=block, halo=halo, batch_size=batch_size, precision=precision, device=device,
-                          overwrite=True, progress=False, workers=workers, compile=compile,
-                          memory_format=memory_format)
+    input_path = volume.path or write_em_volume(str(Path(workdir) / "bench-input.zarr"), volume.shape)
+    with DeviceMonitor(resolve_device(options.get("device") or "auto")) as monitor:
+        summary = predict(input_path, str(Path(workdir) / "bench-output.zarr"),
+                          **{**options, "block": block, "halo": halo, "batch_size": batch_size,
+                             "precision": precision, "backend": backend, "overwrite": True, "progress": False,
+                             "workers": workers})
     stats = summary.stats
     return PipelineResult(list(summary.plan.volume_box.shape), stats.num_blocks, stats.seconds, stats.mvox_per_s,
                           model_only.output_mvox_per_s, stats.read_s, stats.transfer_s, stats.compute_s,
-                          stats.write_s,
-                          max(1, len(summary.workers)), monitor.summary())
+                          stats.write_s, max(1, len(summary.workers)), monitor.summary())
 
 
 @dataclass

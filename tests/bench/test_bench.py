@@ -17,7 +17,10 @@ def test_bench_prints_the_throughput_table_and_the_json_has_every_figure(tmp_pat
     report = json.loads(report_path.read_text())
     assert report["environment"]["torch"] and len(report["results"]) == 2
     said = captured.err.splitlines()  # what the run would take, what is measured, on a CPU its estimate
-    assert said[0].startswith("measuring tiny fp32: as `blockpred run` would over 128x256x256 uint8: block 32x32x32")
+    assert said[0].startswith("measuring tiny fp32: as `blockpred run` would over 128x256x256 uint8 (synthetic): "
+                              "block 32x32x32")
+    assert report["volume"] == {"path": None, "shape": [128, 256, 256], "dtype": "uint8", "channels": None,
+                                "synthetic": True}
     assert "halo 10x10x10 the model's" in said[0]
     assert said[1].startswith("measuring tiny fp32: block (32, 32, 32) on the CPU, about ") and "of passes" in said[1]
     backend = report["results"][0]["backend"]  # the one the run chose (a CPU may run OpenVINO)
@@ -41,8 +44,12 @@ def test_extrapolating_platynereis_at_12_7_mvox_per_s_takes_177_2_hours_on_one_g
 
 
 def test_a_bad_precision_list_is_one_line_and_exit_2(capsys):
-    assert main(["bench", "--precision", "fp32,fp64"]) == 2
-    assert "precisions must be among" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ended:
+        main(["bench", "--precision", "fp32,fp64"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == ("blockpred: error: argument --precision: must be a comma-separated list of "
+                                       "auto, fp32, tf32, fp16, bf16, got 'fp32,fp64' ('fp64' is none of them) "
+                                       "(see 'blockpred bench --help')\n")
 
 
 def test_bench_with_pipeline_and_training_reports_efficiency_stages_and_iterations(tmp_path, capsys):
@@ -67,7 +74,8 @@ def test_bench_with_pipeline_and_training_reports_efficiency_stages_and_iteratio
 def test_bench_plots_throughput_against_batch_size(tmp_path):
     png = tmp_path / "bench.png"
     assert main(["bench", "--model", "tiny", "--device", "cpu", "--block", "16", "--batch-size", "1,2",
-                 "--precision", "fp32,bf16", "--iterations", "1", "--warmup", "1", "--plot", str(png)]) == 0
+                 "--precision", "fp32,bf16", "--iterations", "1", "--warmup", "1", "--volume-shape", "16,32,32",
+                 "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
@@ -106,7 +114,7 @@ def test_bench_without_a_block_or_batch_times_what_the_run_chose(tmp_path, capsy
                  "--iterations", "1", "--json", str(report_path)]) == 0
     result = json.loads(report_path.read_text())["results"][0]
     assert result["block"] == ran["block"] and result["batch_size"] == ran["batch_size"]
-    assert "as `blockpred run` would over 32x96x96" in capsys.readouterr().err
+    assert "as `blockpred run` would over 32x96x96 uint8 (synthetic)" in capsys.readouterr().err
 
 
 def test_bench_gives_a_row_per_backend_with_its_difference_from_torch(tmp_path, capsys):
