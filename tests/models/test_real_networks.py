@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 import zarr
 
 import blockpred
@@ -155,45 +156,35 @@ def test_the_recorded_cremi_pair_is_reproduced_blockwise_from_the_unmodified_mod
     np.testing.assert_allclose(out[inner], recorded_output[inner], atol=1e-5, rtol=0)
 
 
-def test_the_inferno_stand_in_loads_inferno_layers_by_their_names_and_a_real_inferno_wins(tmp_path, inferno_shim):
+def test_the_inferno_stand_in_loads_inferno_layers_by_their_names_and_a_real_inferno_wins(inferno_shim, monkeypatch,
+                                                                                         caplog):
     """The stand-in's layers carry inferno's attribute names (their state dicts' keys), later inferno's batch-norm
-    layout loads too; where a package ``inferno`` is on the path (a user's own, here the tests' two-layer one) that
-    one is imported and nothing is said."""
-    code = textwrap.dedent("""
-        import logging, sys, torch
-        from blockpred.models.compat import inferno_stand_in
-        logging.basicConfig()
-        with inferno_stand_in():
-            import inferno
-            from inferno.extensions.layers.convolutional import ConvELU3D, Conv2D, BNReLUConv3D, ConvSigmoid2D
-            from inferno.extensions.layers import Concatenate, Upsample
-        print(inferno.__file__)
-        assert list(ConvELU3D(1, 2, 3).state_dict()) == ["conv.weight", "conv.bias"]
-        assert ConvSigmoid2D(1, 1, 3).activation.__class__ is torch.nn.Sigmoid and Conv2D(1, 1, 3).activation is None
-        layer = BNReLUConv3D(2, 3, 3)
-        later = {k.replace("batchnorm.", "batchnorm.bn."): v for k, v in layer.state_dict().items()}
-        layer.load_state_dict(later, strict=True)
-        x = torch.rand(1, 2, 4, 6, 6)
-        assert Concatenate()(x, x).shape[1] == 4 and Upsample(scale_factor=2)(x).shape[-1] == 12
-        assert "inferno" not in sys.modules  # the process as it was: import inferno elsewhere fails as before
-    """)
-    stand_in = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(ROOT),
-                              cwd=tmp_path)
-    assert stand_in.returncode == 0, stand_in.stderr
-    assert "compat" in stand_in.stdout and stand_in.stderr.count("inferno compatibility module") == 1
-    users = textwrap.dedent("""
-        import logging
-        from blockpred.models.compat import inferno_stand_in
-        logging.basicConfig()
-        with inferno_stand_in():
-            import inferno
-            from inferno.extensions.layers.convolutional import ConvELU2D, Conv2D
-        print(inferno.__file__)
-    """)
-    own = subprocess.run([sys.executable, "-c", users], capture_output=True, text=True,
-                         env=child_env(inferno_shim, ROOT), cwd=tmp_path)
-    assert own.returncode == 0, own.stderr
-    assert str(inferno_shim) in own.stdout and "compatibility" not in own.stderr
+    layout loads too, and the process is left as it was; where a package ``inferno`` is on the path (a user's own,
+    here the tests' two-layer one) that one is imported and nothing is said."""
+    from blockpred.models import compat
+
+    for name in [n for n in sys.modules if n.split(".")[0] == "inferno"]:
+        monkeypatch.delitem(sys.modules, name)  # (another test's inferno of its own)
+    monkeypatch.setattr(compat, "_told", False)
+    with caplog.at_level(logging.WARNING, logger="blockpred"), compat.inferno_stand_in():
+        import inferno
+        from inferno.extensions.layers import Concatenate, Upsample
+        from inferno.extensions.layers.convolutional import BNReLUConv3D, Conv2D, ConvELU3D, ConvSigmoid2D
+    assert inferno.__file__.startswith(str(Path(compat.__file__).parent)) and "inferno" not in sys.modules
+    assert sum("inferno compatibility module" in r.getMessage() for r in caplog.records) == 1
+    assert list(ConvELU3D(1, 2, 3).state_dict()) == ["conv.weight", "conv.bias"]
+    assert isinstance(ConvSigmoid2D(1, 1, 3).activation, nn.Sigmoid) and Conv2D(1, 1, 3).activation is None
+    layer = BNReLUConv3D(2, 3, 3)
+    later = {k.replace("batchnorm.", "batchnorm.bn."): v for k, v in layer.state_dict().items()}
+    layer.load_state_dict(later, strict=True)
+    x = torch.rand(1, 2, 4, 6, 6)
+    assert Concatenate()(x, x).shape[1] == 4 and Upsample(scale_factor=2)(x).shape[-1] == 12
+
+    caplog.clear()
+    monkeypatch.syspath_prepend(str(inferno_shim))
+    with compat.inferno_stand_in():
+        import inferno as own
+    assert own.__file__.startswith(str(inferno_shim)) and not caplog.records
 
 
 # ------------------------------------------------------------------------- published kinds of 3D networks

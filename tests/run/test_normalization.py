@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import blockpred
+from blockpred.cli import main
 from blockpred.errors import InvalidOptionError
 from blockpred.normalize import Normalization
 from blockpred.run.package_stats import volume_sample
-from tests.helpers import read_volume, run_blockpred, write_test_volume
+from tests.helpers import read_volume, write_test_volume
 
 COPY = dict(model="blockpred.models.standin:copy", model_kwargs={"channels": 1}, halo=(0, 0, 0), block=(16, 32, 32),
             batch_size=1, memory_format="contiguous", output_dtype="float32", local=True, progress=False,
@@ -59,11 +60,12 @@ def test_the_summary_says_the_default_and_a_named_normalisation(tmp_path, volume
 @pytest.mark.parametrize("spec, said", [("percentile:5,5", "0 <= LOW < HIGH <= 100, got LOW=5, HIGH=5"),
                                         ("percentile:1", "needs two numbers: percentile:LOW,HIGH"),
                                         ("meanstd:auto", "the volume is constant (7), its standard deviation 0")])
-def test_a_normalisation_that_cannot_hold_is_one_line_and_writes_nothing(tmp_path, spec, said):
+def test_a_normalisation_that_cannot_hold_is_one_line_and_writes_nothing(tmp_path, spec, said, capsys):
     source = write_test_volume(str(tmp_path / "flat.zarr"), np.full((8, 16, 16), 7, np.uint8))
-    result = run_blockpred("run", source, str(tmp_path / "out.zarr"), "--model", "blockpred.models.standin:copy",
-                           "--normalize", spec, "--device", "cpu", "--no-progress")
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
+    code = main(["run", source, str(tmp_path / "out.zarr"), "--model", "blockpred.models.standin:copy",
+                 "--normalize", spec, "--device", "cpu", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and said in err, err
     assert not (tmp_path / "out.zarr").exists()
     with pytest.raises(InvalidOptionError):
         Normalization.parse(spec).resolved(np.full((1, 10), 7.0, np.float32))
