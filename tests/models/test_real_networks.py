@@ -135,20 +135,26 @@ def test_the_cremi_network_in_blocks_smaller_than_a_plane_leaves_no_seams(tmp_pa
     np.testing.assert_allclose(_read(tmp_path / "out.zarr"), expected, atol=1e-5, rtol=0)
 
 
-def test_the_recorded_cremi_pair_is_reproduced_blockwise_from_the_unmodified_model_file(tmp_path):
-    """The user's command on upstream's files as they are: model.py imports inferno, which is not installed, so
+def test_the_recorded_cremi_pair_is_reproduced_blockwise_from_the_unmodified_model_file(tmp_path, monkeypatch, caplog):
+    """The user's call on upstream's files as they are: model.py imports inferno, which is not installed, so
     blockpred's inferno stand-in provides its layers (one line says so); the legacy state dict loads strictly into
     them, and the recorded output is reproduced across four blocks."""
+    from blockpred.models import compat
+
+    for name in [n for n in sys.modules if n == "model" or n.split(".")[0] == "inferno"]:
+        monkeypatch.delitem(sys.modules, name)  # (another test's inferno of its own, and the model imported with it)
+    monkeypatch.syspath_prepend(str(CREMI))
+    monkeypatch.setattr(compat, "_told", False)
     recorded_input = np.load(CREMI / "fwd_input.npy")[0, 0]  # (320, 320), already normalised
     recorded_output = np.load(CREMI / "fwd_out.npy")[0]
     source = write_test_volume(str(tmp_path / "pair.zarr"), recorded_input[None])
-    result = run_blockpred("run", source, "out.zarr", "--model", "model:DUNet2D", "--weights", CREMI / "state.nn",
-                           "--model-kwargs", "in_channels=1,out_channels=1", "--normalize", "none",
-                           "--block", "1,160,160", "--precision", "fp32", "--no-progress",
-                           cwd=tmp_path, env=child_env(CREMI, ROOT))
-    assert result.returncode == 0, result.stderr
-    said = [line for line in result.stderr.splitlines() if "inferno compatibility module" in line]
-    assert len(said) == 1 and "inferno, which is not installed" in said[0], result.stderr
+    with caplog.at_level(logging.WARNING, logger="blockpred"):
+        blockpred.predict(source, str(tmp_path / "out.zarr"), model="model:DUNet2D", weights=str(CREMI / "state.nn"),
+                          model_kwargs={"in_channels": 1, "out_channels": 1}, normalize="none", block=(1, 160, 160),
+                          precision="fp32", progress=False, local=True)
+    said = [r.getMessage() for r in caplog.records if "inferno compatibility module" in r.getMessage()]
+    assert len(said) == 1 and "inferno, which is not installed" in said[0]
+    assert "inferno" not in sys.modules  # the stand-in was there for the model's import only
     out = _read(tmp_path / "out.zarr")[0, 0]
     # Upstream padded the image with zeros inside the network; blockpred pads it by reflection: away from the
     # image's border (the halo, 80) the two agree, across the four blocks' seams.
@@ -377,16 +383,16 @@ def test_a_resume_keeps_the_halo_it_started_with(tmp_path):
     np.testing.assert_array_equal(read_volume(again.output), written)
 
 
-def test_check_model_on_the_fib_sem_suggests_the_normalisation_the_cremi_network_was_trained_on(tmp_path, fibsem):
+def test_check_model_on_the_fib_sem_suggests_the_normalisation_the_cremi_network_was_trained_on(
+        tmp_path, fibsem, monkeypatch, capsys):
     """The CREMI network at the default normalisation (uint8 / 255) gives a near-blank map on real EM; check-model
     --input tries the candidates on one plane's block, warns, and suggests one under which the output's mean is
     within 0.05 of upstream's recorded output (0.162)."""
+    monkeypatch.syspath_prepend(str(CREMI))
     source = write_test_volume(str(tmp_path / "fib.zarr"), fibsem[120:122])
-    result = run_blockpred("check-model", "model:DUNet2D", "--weights", CREMI / "state.nn", "--model-kwargs",
-                           "in_channels=1,out_channels=1", "--plane", "yx", "--input", source, "--json",
-                           cwd=tmp_path, env=child_env(CREMI, ROOT))
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)["normalization"]
+    assert main(["check-model", "model:DUNet2D", "--weights", str(CREMI / "state.nn"), "--model-kwargs",
+                 "in_channels=1,out_channels=1", "--plane", "yx", "--input", source, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["normalization"]
     trials = {t["normalize"]: t for t in report["trials"]}
     assert set(trials) == {"auto", "meanstd:auto", "percentile:1,99.8"}
     suggested = trials[report["suggested"]]
