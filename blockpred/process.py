@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -166,19 +167,60 @@ def log_to_stderr(verbose: bool) -> Callable[[], None]:
     return undo
 
 
+#: After a second signal the orderly stop (its cleanup, its line, the lock released) gets this long; past it the
+#: process ends anyway, with the signal's exit code and one line.  "At once, wherever the main thread is" can land
+#: inside threading's own code and leave a lock held that a cleanup then waits for (see
+#: :mod:`blockpred.pipeline.interrupts`): once in a loaded CI run a second Ctrl-C left the run alive for minutes.
+STOP_NOW_GRACE_S = 10.0
+_interrupts = 0
+
+
+def _stop_anyway(signum: int) -> None:
+    """The process ends :data:`STOP_NOW_GRACE_S` from now, whatever its main thread waits for (a daemon timer)."""
+    def stop() -> None:
+        name = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}.get(signum, "hung up (SIGHUP)")
+        try:
+            os.write(2, f"blockpred: {name}; stopped now; finished blocks are kept: run the same command again to "
+                        f"resume\n".encode())
+        except OSError:
+            pass
+        os._exit(128 + signum)
+
+    timer = threading.Timer(STOP_NOW_GRACE_S, stop)
+    timer.daemon = True
+    timer.start()
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C as Python's own handler (``KeyboardInterrupt``), and from the second on, the process's end assured."""
+    global _interrupts
+    _interrupts += 1
+    if _interrupts > 1:
+        _stop_anyway(signum)
+    raise KeyboardInterrupt
+
+
 def end_on_signals() -> None:
     """SIGTERM (what SLURM, Kubernetes and ``kill`` send first) and SIGHUP (a closed terminal or SSH session) end
     the command as Ctrl-C does: raised in the main thread as :class:`blockpred.errors.Terminated` and
     :class:`blockpred.errors.HungUp`.  A SIGHUP ignored (``nohup``) stays ignored."""
+    from .pipeline import interrupts
+
     signal.signal(signal.SIGTERM, _terminate)
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored one (a background job) stays so
+        signal.signal(signal.SIGINT, _interrupt)
+    interrupts.stop_now_hook = _stop_anyway
 
 
 def _terminate(signum, frame) -> None:
     from .errors import HungUp, Terminated
 
-    signal.signal(signum, signal.SIG_DFL)  # the same signal again ends the process at once
+    if signal.getsignal(signum) is _terminate:
+        signal.signal(signum, signal.SIG_DFL)  # the same signal again ends the process at once
+    else:  # the second, after a pipeline deferred the first (it holds the handler): the end assured
+        _stop_anyway(signum)
     raise HungUp() if signum == signal.SIGHUP else Terminated()
 
 

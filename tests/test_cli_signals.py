@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -167,3 +168,26 @@ def test_ctrl_c_delivered_to_a_thread_other_than_main_is_said_at_once_and_a_seco
         run.close()
     assert run.said.count(NOTED) == 1 and run.said[-1] == INTERRUPTED, run.said
     assert not any("Traceback" in line for line in run.said), run.said
+
+
+def test_after_a_second_signal_the_process_ends_even_where_its_cleanup_would_wait_forever():
+    """The orderly stop gets a grace period; a main thread that never gets out of its cleanup (here: it sleeps)
+    does not keep the process alive past it: the signal's exit code and one line."""
+    stuck = textwrap.dedent("""
+        import os, signal, time
+        import blockpred.process as p
+        p.STOP_NOW_GRACE_S = 0.3
+        p.end_on_signals()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the first: the run stops after its blocks in flight
+        except KeyboardInterrupt:
+            pass
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the second: stop now
+        except KeyboardInterrupt:
+            time.sleep(60)  # a cleanup that never ends
+    """)
+    done = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, env=child_env(), timeout=50)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "blockpred: interrupted; stopped now; finished blocks are kept: run the same command again to resume"]

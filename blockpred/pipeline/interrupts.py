@@ -42,6 +42,9 @@ from collections.abc import Callable, Iterator
 
 #: The signals deferred: a terminal's Ctrl-C, what batch systems and ``kill`` send first, a terminal closed.
 DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Called with the signal where a second one asks to stop now (the command's guarantee that the process ends:
+#: :func:`blockpred.process.end_on_signals`); None in a process that set none (the API's caller's).
+stop_now_hook: Callable[[int], None] | None = None
 
 
 def noted_line(signum: int) -> str:
@@ -83,6 +86,8 @@ class Interrupts:
     def _note(self, signum: int, frame) -> None:
         self._noted.append(signum)
         if len(self._noted) > 1:  # asked twice: at once, wherever the main thread is
+            if stop_now_hook is not None:
+                stop_now_hook(signum)
             self._act(self._restore())
         else:
             _say_at_once(noted_line(signum))
