@@ -212,6 +212,17 @@ def end_on_signals() -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored one (a background job) stays so
         signal.signal(signal.SIGINT, _interrupt)
     interrupts.stop_now_hook = _stop_anyway
+    default = sys.unraisablehook
+
+    def unraisable(what) -> None:
+        """A signal's exception raised in a weakref callback or a finaliser: kept, to be raised by the main
+        thread's next wait, not printed and dropped (see blockpred.pipeline.interrupts.swallowed)."""
+        if isinstance(what.exc_value, KeyboardInterrupt):
+            interrupts.swallowed = what.exc_value
+        else:
+            default(what)
+
+    sys.unraisablehook = unraisable
 
 
 def _terminate(signum, frame) -> None:

@@ -191,3 +191,28 @@ def test_after_a_second_signal_the_process_ends_even_where_its_cleanup_would_wai
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines() == [
         "blockpred: interrupted; stopped now; finished blocks are kept: run the same command again to resume"]
+
+
+def test_a_ctrl_c_python_swallowed_in_a_weakref_callback_is_raised_by_the_main_threads_next_wait():
+    """Raised while the main thread runs a weakref callback (the garbage collector's, at any bytecode), Python
+    prints a KeyboardInterrupt as "Exception ignored" and drops it: a second Ctrl-C did not stop a run.  The
+    command keeps it, says nothing of it, and the main thread's next wait raises it."""
+    child = textwrap.dedent("""
+        import gc, sys, threading, weakref
+        import blockpred.process as p
+        from blockpred.pipeline import waits
+        p.end_on_signals()
+        class Held: pass
+        held = Held()
+        def interrupted(ref):
+            raise KeyboardInterrupt  # as a signal's handler raises it wherever the main thread is
+        ref = weakref.ref(held, interrupted)
+        del held
+        gc.collect()
+        try:
+            waits.acquire(threading.Semaphore(0))  # a wait that would never end
+        except KeyboardInterrupt:
+            sys.exit(130)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=child_env(), timeout=50)
+    assert done.returncode == 130 and done.stderr == "", done.stderr

@@ -45,6 +45,19 @@ DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Called with the signal where a second one asks to stop now (the command's guarantee that the process ends:
 #: :func:`blockpred.process.end_on_signals`); None in a process that set none (the API's caller's).
 stop_now_hook: Callable[[int], None] | None = None
+#: A signal's exception that Python swallowed: raised in the main thread while it ran a weakref callback or a
+#: finaliser (the garbage collector's, at any bytecode), it is printed as "Exception ignored" and dropped, and a
+#: second Ctrl-C did not stop the run (twice in loaded CI runs).  The command's unraisable hook keeps it here
+#: (:func:`blockpred.process.end_on_signals`) and the main thread's next wait raises it (:func:`raise_swallowed`).
+swallowed: BaseException | None = None
+
+
+def raise_swallowed() -> None:
+    """Raise the signal's exception Python swallowed, once (see :data:`swallowed`)."""
+    global swallowed
+    if swallowed is not None:
+        error, swallowed = swallowed, None
+        raise error
 
 
 def noted_line(signum: int) -> str:

@@ -12,7 +12,8 @@ hangs).  On a loaded machine that happened to about one Ctrl-C in ten: the
 did not stop the run.
 
 So the main thread's waits here are cut into slices of :data:`SLICE_S`:
-between two, the interpreter runs the handlers noted.  A wait in another
+between two, the interpreter runs the handlers noted, and a signal's exception
+that Python swallowed meanwhile is raised (:func:`.interrupts.raise_swallowed`).  A wait in another
 thread is the same wait, sliced for nothing.
 """
 
@@ -22,6 +23,8 @@ import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as NotYet
 from typing import TypeVar
+
+from .interrupts import raise_swallowed
 
 #: The longest a noted signal waits for the main thread to run its handler.
 SLICE_S = 0.1
@@ -35,6 +38,7 @@ def result(future: Future[T]) -> T:
         try:
             future.exception(timeout=SLICE_S)  # returns the future's error; raises only on a timeout (or cancelled)
         except NotYet:
+            raise_swallowed()
             continue
         return future.result()
 
@@ -42,5 +46,5 @@ def result(future: Future[T]) -> T:
 def acquire(lock: threading.Semaphore | threading.Lock) -> None:
     """``lock.acquire()``."""
     while not lock.acquire(timeout=SLICE_S):
-        pass
+        raise_swallowed()
 
