@@ -47,6 +47,10 @@ class JsonFile:
         except OSError as err:  # a read-only home must not stop a run
             logger.warning("could not cache %s in %s: %s", what, self.path, err)
 
+    def merge(self, entries: dict, what: str) -> None:
+        """``entries`` added to the file's (replacing those of the same name)."""
+        self.write({**self.read(), **entries}, what)
+
 
 def digest(key) -> str:
     """A short name for a cache key (any JSON-able value): the first 32 hex digits of its sorted JSON's sha256."""

@@ -228,10 +228,7 @@ def end_on_signals() -> None:
 def _terminate(signum, frame) -> None:
     from .errors import HungUp, Terminated
 
-    if signal.getsignal(signum) is _terminate:
-        signal.signal(signum, signal.SIG_DFL)  # the same signal again ends the process at once
-    else:  # the second, after a pipeline deferred the first (it holds the handler): the end assured
-        _stop_anyway(signum)
+    signal.signal(signum, signal.SIG_DFL)  # the same signal again ends the process at once
     raise HungUp() if signum == signal.SIGHUP else Terminated()
 
 

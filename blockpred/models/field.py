@@ -129,15 +129,13 @@ class FieldCache:
             return None
 
     def put(self, key: dict, field: NetworkField) -> None:
-        entries = self._file.read()
         grid = field.grid
-        entries[digest(key)] = {
+        self._file.merge({digest(key): {
             "key": key, "downsampling": list(grid.downsampling), "min_shape": list(grid.min_shape),
             "base": list(grid.base), "context": list(grid.context), "how": list(grid.how),
             "radius": None if field.radius is None else list(field.radius), "note": field.note,
             "seconds": round(field.seconds, 3),
-        }
-        self._file.write(entries, "the network's receptive field")
+        }}, "the network's receptive field")
 
 
 def stated_field(downsampling: Coord, radius: Coord) -> NetworkField:

@@ -66,7 +66,7 @@ class CheckCache:
 
     def save(self) -> None:
         if self._new:
-            self._file.write({**self._file.read(), **self._new}, "the precision check")
+            self._file.merge(self._new, "the precision check")
             self._new = {}
 
 

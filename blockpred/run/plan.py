@@ -218,10 +218,9 @@ class ThroughputLog:
             return None
 
     def put(self, model_key: dict, precision: str, mvox_per_s: float, how: str, device: str) -> None:
-        entries = self._file.read()
         source = f"{how} on {device}, {date.today().isoformat()}"
-        entries[self._key(model_key, precision)] = {"mvox_per_s": mvox_per_s, "source": source, "device": device}
-        self._file.write(entries, "the throughput")
+        self._file.merge({self._key(model_key, precision): {"mvox_per_s": mvox_per_s, "source": source,
+                                                            "device": device}}, "the throughput")
 
 
 def _shape(shape: Coord) -> str:

@@ -157,11 +157,10 @@ class PassMemoryCache:
             return None
 
     def put(self, key: dict, memory: PassMemory) -> None:
-        entries = self._file.read()
-        entries[digest(key)] = {"key": key, "bytes_per_voxel": memory.bytes_per_voxel,
-                                "largest_per_voxel": memory.largest_per_voxel, "out_channels": memory.out_channels,
-                                "context": list(memory.context), "input_shape": list(memory.input_shape)}
-        self._file.write(entries, "the network's memory per voxel")
+        self._file.merge({digest(key): {
+            "key": key, "bytes_per_voxel": memory.bytes_per_voxel, "largest_per_voxel": memory.largest_per_voxel,
+            "out_channels": memory.out_channels, "context": list(memory.context),
+            "input_shape": list(memory.input_shape)}}, "the network's memory per voxel")
 
 
 def size_text(size: float) -> str:

@@ -178,7 +178,5 @@ class SearchCache:
             return None
 
     def put(self, key: dict, record: SearchRecord) -> None:
-        entries = self._file.read()
-        entries[digest(key)] = {"key": key, "search_s": record.search_s, "heuristic_s": record.heuristic_s,
-                                "searched_s": record.searched_s}
-        self._file.write(entries, "the kernel search's cost")
+        self._file.merge({digest(key): {"key": key, "search_s": record.search_s, "heuristic_s": record.heuristic_s,
+                                        "searched_s": record.searched_s}}, "the kernel search's cost")

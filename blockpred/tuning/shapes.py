@@ -60,5 +60,5 @@ class KnownShapes:
     def save(self) -> None:
         """Write what :meth:`put` added."""
         if self._new:
-            self._file.write({**self._file.read(), **self._new}, "the network's output at a shape")
+            self._file.merge(self._new, "the network's output at a shape")
             self._new = {}
