@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 import os
 import sys
@@ -53,9 +54,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cache import default_cache_dir, digest
+from ..cache import JsonFile, default_cache_dir, digest
 from ..errors import InvalidOptionError
 from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, traceable
+from .unrolled import lowered_graph, scripted, unrolled_copy
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +153,7 @@ class OpenVINONetwork(ConvertedNetwork):
     and :class:`~.converted.ConvertedNetwork`)."""
 
     runtime, backend = "OpenVINO", "openvino"
+    ROUTE_NAMES = {"direct": "direct", "unrolled": "traced copy", "onnx": "ONNX", "passes": "TorchScript passes"}
 
     def __init__(self, module: torch.nn.Module, *, precision: str, key: dict | None):
         super().__init__(module, key=key)
@@ -159,6 +162,11 @@ class OpenVINONetwork(ConvertedNetwork):
         #: What OpenVINO computes in once converted (the compiled model's own inference precision): ``bf16`` for
         #: --precision bf16 on a CPU that has it (:func:`cpu_bf16`), else ``f32``.
         self.inference_precision = ""
+
+    def routes(self) -> tuple[str, ...]:
+        """Direct conversion; for a TorchScript network then its traced copy, the ONNX route and TorchScript's
+        passes (:mod:`.unrolled`); for another, the ONNX route."""
+        return ("direct", "unrolled", "onnx", "passes") if scripted(self._module) else ("direct", "onnx")
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
         return next(iter(self._request.infer({0: x}, share_inputs=True).values()))
@@ -169,10 +177,10 @@ class OpenVINONetwork(ConvertedNetwork):
         if self._request is not None:
             self._request.get_compiled_model().release_memory()
 
-    def _cached(self, x: torch.Tensor):
+    def _cached(self, x: torch.Tensor, route: str):
         import openvino as ov
 
-        path = _cache_path(self._key, x.shape[1])
+        path = _cache_path(self._key, x.shape[1], route)
         if not path.is_file():
             return None
         try:
@@ -181,29 +189,40 @@ class OpenVINONetwork(ConvertedNetwork):
             logger.info("the cached OpenVINO model %s does not read (%s); converting again", path, err)
             return None
 
-    def _make(self, example: torch.Tensor):
+    def _make(self, route: str, example: torch.Tensor):
         import warnings
 
         import openvino as ov
 
-        with warnings.catch_warnings(), _no_telemetry():
+        dynamic = [ov.PartialShape([-1, int(example.shape[1])] + [-1] * (example.dim() - 2))]
+        with warnings.catch_warnings(), _no_telemetry(), _logging_kept():
             warnings.simplefilter("ignore")  # the tracer's notes on shape checks it records as constants
-            return ov.convert_model(_unchecked_trace(traceable(self._module, example), example), example_input=example,
-                                    input=[ov.PartialShape([-1, int(example.shape[1])] + [-1] * (example.dim() - 2))])
+            if route == "direct":
+                return ov.convert_model(_unchecked_trace(traceable(self._module, example), example),
+                                        example_input=example, input=dynamic)
+            if route == "onnx":
+                from .onnx_backend import _export
+
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    exported = _export(self._module, example)  # a failed export prints the graph
+                return ov.Core().read_model(exported)
+            made = unrolled_copy if route == "unrolled" else lowered_graph
+            return ov.convert_model(made(self._module, example), example_input=example, input=dynamic)
 
     def _ready(self, model, check_shape: tuple | None) -> None:
         compiled = _compile(model, self._precision)
-        self._request = compiled.create_infer_request()
+        request = compiled.create_infer_request()
         if check_shape is not None:  # at f32 whatever it runs (the run compares bf16 with fp32 on its first block)
             # fp32: on the request the run uses, which the check leaves warm at the block's shape
-            request = self._request if self._precision != "bf16" else _compile(model, "fp32").create_infer_request()
-            self.check(lambda batch: next(iter(request.infer({0: batch}).values())), check_shape)
+            checked = request if self._precision != "bf16" else _compile(model, "fp32").create_infer_request()
+            self.check(lambda batch: next(iter(checked.infer({0: batch}).values())), check_shape)
+        self._request = request
         self.inference_precision = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
 
-    def _save(self, model, in_channels: int) -> None:
+    def _save(self, model, in_channels: int, route: str) -> None:
         import openvino as ov
 
-        path = _cache_path(self._key, in_channels)
+        path = _cache_path(self._key, in_channels, route)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Dask workers may convert at once: each writes its own files and renames them into place.
@@ -213,6 +232,12 @@ class OpenVINONetwork(ConvertedNetwork):
             tmp.replace(path)
         except OSError as err:  # a read-only home must not stop a run
             logger.warning("could not cache the OpenVINO model in %s: %s", path.parent, err)
+
+    def _records(self) -> JsonFile:
+        return JsonFile(default_cache_dir() / "openvino" / "routes.json")
+
+    def _record_key(self, in_channels: int) -> str:
+        return _cache_path(self._key, in_channels, "").stem
 
 
 _TELEMETRY_LOCK = threading.Lock()
@@ -241,6 +266,18 @@ def _no_telemetry() -> Iterator[None]:
                 module.tm = tm
 
 
+@contextlib.contextmanager
+def _logging_kept() -> Iterator[None]:
+    """The root logger's level as it was: OpenVINO's converter sets it to ERROR, which silenced every later
+    warning of the run (the line that says the network runs with torch among them)."""
+    root = logging.getLogger()
+    level = root.level
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 def _unchecked_trace(module: torch.nn.Module, example: torch.Tensor):
     """``module`` as OpenVINO's own decoder traces it, without torch's trace check: the check runs the network
     three more times (0.93 s of ``tiny``'s 1.6 s conversion at 84^3), and :meth:`~.converted.ConvertedNetwork.check`
@@ -262,9 +299,12 @@ def _compile(model, precision: str):
     return ov.Core().compile_model(model, "CPU", config)
 
 
-def _cache_path(key: dict, in_channels: int) -> Path:
+def _cache_path(key: dict, in_channels: int, route: str) -> Path:
+    """Where the model ``route`` made is cached; route "" names the network's entry in ``routes.json``."""
     import openvino as ov
 
     full = {"version": CACHE_VERSION, "network": key, "in_channels": int(in_channels), "torch": torch.__version__,
             "openvino": ov.__version__}
+    if route not in ("", "direct"):  # the direct route's files keep the names they had
+        full["route"] = route
     return default_cache_dir() / "openvino" / f"{digest(full)}.xml"

@@ -27,7 +27,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "traceable"]
+__all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "traceable", "why"]
 
 #: A converted network's fp32 output may differ from torch's by this share of torch's output range at any voxel.
 TOLERANCE = 1e-5
@@ -53,6 +53,9 @@ class ConvertedNetwork:
     #: What making it is called: "converted" (OpenVINO), "exported" (ONNX).
     made = "converted"
 
+    #: The routes tried in order, by name (:meth:`routes`), and how the messages name them.
+    ROUTE_NAMES = {"direct": "direct"}
+
     def __init__(self, module: torch.nn.Module, *, key: dict | None):
         self._module = module
         self._key = key
@@ -60,6 +63,8 @@ class ConvertedNetwork:
         #: None until the first batch; then True (the runtime runs) or False (torch runs, :attr:`reason` says why).
         self.converted: bool | None = None
         self.reason = ""
+        #: The route that made it (:attr:`ROUTE_NAMES`), once converted.
+        self.route = ""
         #: Seconds the conversion (or the cache's read) and its check took, and whether the cache served it.
         self.seconds = 0.0
         self.cached = False
@@ -82,20 +87,31 @@ class ConvertedNetwork:
             return self._module(x)
         return torch.from_numpy(self._infer(x.detach().cpu().numpy()))
 
-    def _cached(self, x: torch.Tensor):
-        """The model converted for ``x``'s network from the cache, or None."""
+    def routes(self) -> tuple[str, ...]:
+        """The routes to try for this network, in order (a subclass adds the ones its runtime has)."""
+        return ("direct",)
+
+    def _cached(self, x: torch.Tensor, route: str):
+        """The model converted for ``x``'s network by ``route`` from the cache, or None."""
         raise NotImplementedError
 
-    def _make(self, example: torch.Tensor):
-        """The network converted at ``example``."""
+    def _make(self, route: str, example: torch.Tensor):
+        """The network converted by ``route`` at ``example``."""
         raise NotImplementedError
 
     def _ready(self, model, check_shape: tuple | None) -> None:
         """Ready :meth:`_infer` to run ``model``, checked first at ``check_shape`` (None: it was, when cached)."""
         raise NotImplementedError
 
-    def _save(self, model, in_channels: int) -> None:
+    def _save(self, model, in_channels: int, route: str) -> None:
         """``model`` into the cache (only once it passed its check)."""
+        raise NotImplementedError
+
+    def _records(self):
+        """The routes file of this runtime's cache (:class:`~blockpred.cache.JsonFile`), or None."""
+        return None
+
+    def _record_key(self, in_channels: int) -> str:
         raise NotImplementedError
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
@@ -105,16 +121,47 @@ class ConvertedNetwork:
         """Hand back what the runtime keeps for the largest input it ran (it allocates again at the next call)."""
 
     def _prepare(self, x: torch.Tensor) -> bool:
-        """Convert at a small example (:meth:`example`), else at ``x``'s shape, check at ``x``'s shape and cache
-        what passed; or read it from the cache.  Whether the cache served it."""
-        model = self._cached(x) if self._key is not None else None
-        if model is not None:
-            self._ready(model, None)
-            return True
+        """The first route that converts and passes its check at ``x``'s shape (the one the cache names first;
+        none where the cache says none does), its model cached; or read from the cache.  Whether the cache
+        served it.  :class:`BackendUnavailable` naming each route and why it failed, where none did."""
+        records = self._records() if self._key is not None else None
+        record_key = self._record_key(int(x.shape[1])) if records is not None else ""
+        record = records.read().get(record_key) if records is not None else None
+        if isinstance(record, dict) and isinstance(record.get("failed"), dict):
+            raise BackendUnavailable(_no_route(record["failed"], self.ROUTE_NAMES) + " (remembered from an earlier "
+                                     "run: clear the cache directory's routes file to try again)")
+        routes = self.routes()
+        if isinstance(record, dict) and record.get("route") in routes:
+            routes = (record["route"],)
+        failed: dict[str, str] = {}
+        for route in routes:
+            model = self._cached(x, route) if self._key is not None else None
+            if model is not None:
+                self._ready(model, None)
+                self.route = route
+                return True
+            try:
+                self._make_checked(route, x)
+            except Exception as err:  # noqa: BLE001 - the next route; every failure is named in one line
+                failed[route] = why(err)
+                logger.info("--backend %s: the %s route failed (%s)", self.backend, self.ROUTE_NAMES[route],
+                            failed[route])
+                continue
+            self.route = route
+            if records is not None and record != {"route": route}:
+                records.merge({record_key: {"route": route}}, f"the {self.runtime} conversion route")
+            return False
+        if records is not None:
+            records.merge({record_key: {"failed": failed}}, f"the {self.runtime} conversion routes")
+        raise BackendUnavailable(_no_route(failed, self.ROUTE_NAMES))
+
+    def _make_checked(self, route: str, x: torch.Tensor) -> None:
+        """``route``'s model made at a small example (:meth:`example`), else at ``x``'s shape, checked at ``x``'s
+        shape and cached."""
         example = self.example(x)
         examples = [example] if example.shape == x.shape else [example, torch.zeros(x.shape)]
         for tried in examples:
-            model = self._make(tried)
+            model = self._make(route, tried)
             try:
                 self._ready(model, tuple(x.shape))
             except BackendUnavailable as err:
@@ -124,9 +171,8 @@ class ConvertedNetwork:
                             self.made, tuple(tried.shape), err)
                 continue
             if self._key is not None:
-                self._save(model, int(x.shape[1]))
-            return False
-        raise AssertionError("unreachable")
+                self._save(model, int(x.shape[1]), route)
+            return
 
     def _fall_back(self, reason: str) -> None:
         self.converted, self.reason, self.reference = False, reason, None
@@ -141,14 +187,14 @@ class ConvertedNetwork:
             self._fall_back(str(err))
             return
         except Exception as err:  # noqa: BLE001 - a network the runtime cannot take runs with torch
-            text = str(err).strip().splitlines()
             verb = "convert" if self.made == "converted" else "export"
-            self._fall_back(f"the network does not {verb} ({type(err).__name__}: {text[0][:200] if text else ''})")
+            self._fall_back(f"the network does not {verb} ({why(err)})")
             return
         self.converted, self.reference = True, None
         self.seconds = time.perf_counter() - started
-        logger.info("--backend %s: %s in %.2f s", self.backend,
-                    "read from the cache" if self.cached else f"{self.made} and checked", self.seconds)
+        route = "" if self.route == "direct" else f" (the {self.ROUTE_NAMES[self.route]} route)"
+        logger.info("--backend %s: %s%s in %.2f s", self.backend,
+                    "read from the cache" if self.cached else f"{self.made} and checked", route, self.seconds)
 
     def example(self, x: torch.Tensor) -> torch.Tensor:
         """Zeros to convert at: ``x``'s shape with each spatial axis shorter by a multiple of one of
@@ -187,6 +233,7 @@ class ConvertedNetwork:
                 expected = self._module(batch)
             sample = batch.numpy()
             expected = (expected[0] if isinstance(expected, (tuple, list)) else expected).float().numpy()
+            self.reference = (sample, expected)  # the next route's check at this shape runs no torch pass again
         got = run(sample)
         if got.shape != expected.shape:
             raise BackendUnavailable(f"its {self.runtime} output has shape {got.shape}, torch's {expected.shape}")
@@ -196,6 +243,23 @@ class ConvertedNetwork:
                                      f"range (at most {TOLERANCE:g} is exact)")
         logger.info("--backend %s: the %s network differs from torch by %.2g of its output range", self.backend,
                     self.made, diff)
+
+
+def why(err: BaseException) -> str:
+    """An error in one line: its type, and its first line, or the lines of a converter's report that name the
+    operations it could not convert."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if isinstance(err, BackendUnavailable):
+        return lines[0] if lines else "it does not match torch"
+    named = [line.lstrip("- ") for line in lines
+             if line.lstrip("- ").startswith(("No conversion rule found", "Conversion is failed for"))]
+    text = "; ".join(named) if named else (lines[0] if lines else "")
+    return f"{type(err).__name__}: {text[:240]}" if text else type(err).__name__
+
+
+def _no_route(failed: dict, names: dict) -> str:
+    return "no route converts it (" + "; ".join(f"{names.get(route, route)}: {reason}"
+                                                for route, reason in failed.items()) + ")"
 
 
 class _Call(torch.nn.Module):

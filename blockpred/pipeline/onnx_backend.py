@@ -85,7 +85,7 @@ class ONNXRuntimeNetwork(ConvertedNetwork):
     def _infer(self, x: np.ndarray) -> np.ndarray:
         return _run(self._session, x)
 
-    def _cached(self, x: torch.Tensor) -> bytes | None:
+    def _cached(self, x: torch.Tensor, route: str) -> bytes | None:
         path = _cache_path(self._key, x.shape[1])
         if not path.is_file():
             return None
@@ -95,7 +95,7 @@ class ONNXRuntimeNetwork(ConvertedNetwork):
             logger.info("the cached ONNX model %s does not read (%s); exporting again", path, err)
             return None
 
-    def _make(self, example: torch.Tensor) -> bytes:
+    def _make(self, route: str, example: torch.Tensor) -> bytes:
         return _export(self._module, example)
 
     def _ready(self, model: bytes, check_shape: tuple | None) -> None:
@@ -104,7 +104,7 @@ class ONNXRuntimeNetwork(ConvertedNetwork):
             self.check(lambda batch: _run(session, batch), check_shape)
         self._session = session
 
-    def _save(self, model: bytes, in_channels: int) -> None:
+    def _save(self, model: bytes, in_channels: int, route: str) -> None:
         path = _cache_path(self._key, in_channels)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,260 @@
+"""A TorchScript network as straight-line code at one input shape, for converters that take no loops or lists.
+
+``torch.jit.script`` keeps a network's Python lists (skips kept with ``append`` and ``pop``) and its loops over
+sizes (MONAI's padding to the skip's size) as they are, and OpenVINO's PyTorch frontend converts neither (its
+``aten::pop`` and ``SequenceInsert`` failures).  Two ways around them, each a route of
+:mod:`.backends`:
+
+* :func:`unrolled_copy`: the frozen graph is *run* node by node by a small interpreter
+  (:class:`GraphInterpreter`) inside ``torch.jit.trace`` at the block's shape: lists are Python lists, loops and
+  branches run in Python, and only the tensor operations are recorded, the sizes the network reads among them
+  (so its spatial axes stay dynamic).  Instance and group norms are recorded as a centred mean and variance
+  whose sums OpenVINO computes as a matrix product (see :func:`_normalised`).
+* :func:`lowered_graph`: TorchScript's own passes on the frozen graph, at the input's rank: shapes propagated
+  and folded, loops of constant count unrolled, tuples and list idioms lowered, dead code removed.
+
+Both take a module that holds a TorchScript network (or is one); :func:`scripted` says whether it does.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any
+
+import torch
+
+__all__ = ["GraphInterpreter", "lowered_graph", "scripted", "unrolled_copy"]
+
+
+def scripted(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is or holds a TorchScript module."""
+    return any(isinstance(m, torch.jit.ScriptModule) for m in module.modules())
+
+
+class GraphInterpreter(torch.nn.Module):
+    """Runs a frozen TorchScript module's ``forward`` graph node by node: every ``aten`` and ``prim`` operation
+    through ``torch.ops`` at the overload the graph names, lists, tuples, loops and branches in Python."""
+
+    def __init__(self, frozen: torch.jit.ScriptModule):
+        super().__init__()
+        # Kept out of the module's children: the trace records the operations run, not the frozen module.
+        self.__dict__["_frozen"], self.__dict__["_graph"] = frozen, frozen.graph
+
+    def forward(self, x: torch.Tensor) -> Any:
+        inputs = list(self._graph.inputs())
+        env: dict[int, Any] = {inputs[0].unique(): self._frozen, inputs[1].unique(): x}
+        self._nodes(self._graph.nodes(), env)
+        return _outputs([env[value.unique()] for value in self._graph.outputs()])
+
+    def _block(self, block, env: dict, values: list | None = None) -> list:
+        for param, value in zip(block.inputs(), values or []):
+            env[param.unique()] = value
+        self._nodes(block.nodes(), env)
+        return [env[value.unique()] for value in block.outputs()]
+
+    def _nodes(self, nodes, env: dict) -> None:
+        for node in nodes:
+            args = [env[value.unique()] for value in node.inputs()]
+            results = self._node(node, args, env)
+            outs = list(node.outputs())
+            if len(outs) == 1:
+                env[outs[0].unique()] = results
+            elif outs:
+                for value, result in zip(outs, results, strict=True):
+                    env[value.unique()] = result
+
+    def _node(self, node, args: list, env: dict) -> Any:  # noqa: C901 - one dispatch on the node's kind
+        kind = node.kind()
+        if kind == "prim::Constant":
+            return node.output().toIValue()
+        if kind == "prim::If":
+            return _outputs(self._block(list(node.blocks())[0 if args[0] else 1], env))
+        if kind == "prim::Loop":
+            trips, go, carried = args[0], args[1], list(args[2:])
+            body = next(iter(node.blocks()))
+            index = 0
+            while go and index < trips:
+                go, *carried = self._block(body, env, [index, *carried])
+                index += 1
+            return _outputs(carried)
+        if kind in ("prim::ListConstruct",):
+            return list(args)
+        if kind == "prim::TupleConstruct":
+            return tuple(args)
+        if kind in ("prim::ListUnpack", "prim::TupleUnpack"):
+            return tuple(args[0])
+        if kind == "prim::TupleIndex":
+            return args[0][args[1]]
+        if kind == "prim::GetAttr":
+            return getattr(args[0], node.s("name"))
+        if kind in ("prim::unchecked_cast", "aten::detach", "prim::profile"):
+            return args[0]
+        if kind == "prim::Uninitialized":
+            return None
+        if kind == "prim::RaiseException":
+            raise RuntimeError(f"the network raised: {args[0] if args else ''}")
+        if kind == "aten::warn":
+            return None
+        if kind == "prim::NumToTensor":  # a size the trace kept: a 0-dim tensor already
+            return args[0] if isinstance(args[0], torch.Tensor) else torch.tensor(args[0])
+        if kind in ("aten::Int", "aten::Float", "aten::ScalarImplicit") and isinstance(args[0], torch.Tensor) \
+                and args[0].dim() == 0:
+            return args[0]  # a traced size as an int: kept a 0-dim tensor, so the trace keeps it dynamic
+        if kind == "prim::dtype":
+            return args[0].dtype
+        if kind == "prim::device":
+            return args[0].device
+        if kind == "aten::format":
+            return str(args[0]).format(*args[1:])
+        if kind == "aten::__is__":
+            return args[0] is args[1]
+        if kind == "aten::__isnot__":
+            return args[0] is not args[1]
+        if kind == "aten::__not__":
+            return not args[0]
+        if kind == "aten::append":
+            args[0].append(args[1])
+            return args[0]
+        if kind == "aten::pop":
+            return args[0].pop(*args[1:])
+        if kind == "aten::insert":
+            args[0].insert(args[1], args[2])
+            return None
+        if kind == "aten::_set_item":
+            args[0][args[1]] = args[2]
+            return args[0]
+        if kind == "aten::extend":
+            args[0].extend(args[1])
+            return None
+        if kind == "aten::clear":
+            args[0].clear()
+            return None
+        if kind == "aten::len":
+            return len(args[0])
+        if kind == "aten::__getitem__":
+            return args[0][args[1]]
+        if kind == "aten::instance_norm" and args[5]:
+            return _instance_norm(args[0], args[1], args[2], args[7])
+        if kind == "aten::group_norm":
+            return _group_norm(args[0], args[1], args[2], args[3], args[4])
+        if kind == "aten::slice" and isinstance(args[0], torch.Tensor):  # by indexing, which traces its bounds
+            x, dim, start, end, step = args
+            end = None if isinstance(end, int) and end >= 2 ** 62 else end
+            return x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)]
+        if kind == "aten::size":  # through the tensor's method, which a trace records (sizes stay dynamic)
+            return list(args[0].shape) if len(args) == 1 else args[0].shape[args[1]]
+        plain = _PLAIN.get(kind)
+        if plain is not None and "Tensor" not in node.schema().split("->")[0]:
+            return plain(*args)  # on ints, floats and lists (a traced size is a 0-dim tensor, still such a value)
+        return _call(node, args)
+
+
+#: TorchScript's operations on ints, floats, bools and lists, as Python computes them (``torch.ops`` takes no
+#: list of a type variable, such as ``aten::mul.left_t``'s).
+_PLAIN = {
+    "aten::add": operator.add, "aten::sub": operator.sub, "aten::mul": operator.mul, "aten::div": operator.truediv,
+    "aten::floordiv": operator.floordiv, "aten::remainder": operator.mod, "aten::neg": operator.neg,
+    "aten::eq": operator.eq, "aten::ne": operator.ne, "aten::lt": operator.lt, "aten::le": operator.le,
+    "aten::gt": operator.gt, "aten::ge": operator.ge, "aten::__and__": operator.and_, "aten::__or__": operator.or_,
+    "prim::min": min, "prim::max": max, "aten::Int": int, "aten::Float": float, "aten::Bool": bool,
+    "prim::abs": abs, "aten::list": list,
+    "aten::__range_length": lambda low, high, step: max(0, -(-(high - low) // step)) if step > 0
+    else max(0, -(-(low - high) // -step)),
+    "aten::__derive_index": lambda index, start, step: start + index * step,
+}
+
+
+def _normalised(x: torch.Tensor, dims: int, eps: float) -> torch.Tensor:
+    """``x`` less its mean over its last ``dims`` axes, over the square root of its variance there plus ``eps``, the variance
+    taken of the centred values: OpenVINO fuses instance and group norms into its MVN, which on 2 cores here
+    was 5.4e-6 of the output range off at 96^3 (off by 1.4e-4 at the output of MONAI's BasicUNet, whose 18
+    norms compound it); this order was 9e-7 off, as exact as torch's own fp32 against fp64."""
+    centred = x - _mean(x, dims)
+    return centred / torch.sqrt(_mean(centred * centred, dims) + eps)
+
+
+def _mean(x: torch.Tensor, dims: int) -> torch.Tensor:
+    """The mean over the last ``dims`` axes, as a product with a column of ones (a matrix product's blocked sums:
+    OpenVINO's own reduction, in the network, was 10-100x further from fp64 than torch's), its sizes traced."""
+    flat = x.flatten(x.dim() - dims)
+    column = torch.ones_like(flat[(0,) * (flat.dim() - 1)]).unsqueeze(-1)
+    mean = torch.matmul(flat, column) / flat.shape[-1]
+    for _ in range(dims - 1):
+        mean = mean.unsqueeze(-1)
+    return mean
+
+
+def _affine(x: torch.Tensor, weight, bias) -> torch.Tensor:
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        x = x * weight.reshape(shape)
+    return x + bias.reshape(shape) if bias is not None else x
+
+
+def _instance_norm(x: torch.Tensor, weight, bias, eps: float) -> torch.Tensor:
+    """``aten::instance_norm`` on the input's own statistics, as :func:`_normalised` computes them."""
+    return _affine(_normalised(x, x.dim() - 2, eps), weight, bias)
+
+
+def _group_norm(x: torch.Tensor, groups: int, weight, bias, eps: float) -> torch.Tensor:
+    """``aten::group_norm``, as :func:`_normalised` computes it."""
+    grouped = x.reshape(x.shape[0], groups, -1)
+    return _affine(_normalised(grouped, 1, eps).reshape(x.shape), weight, bias)
+
+
+def _outputs(values: list) -> Any:
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _call(node, args: list) -> Any:
+    """The operation the node names, at the overload its schema names, positional and keyword arguments as
+    the schema has them."""
+    text = node.schema()
+    if text == "(no schema)":
+        raise RuntimeError(f"{node.kind()} has no schema: the interpreter cannot run it")
+    schema = torch._C.parse_schema(text)
+    namespace, name = schema.name.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name)
+    op = getattr(packet, schema.overload_name or "default")
+    positional, keywords = [], {}
+    for argument, value in zip(schema.arguments, args, strict=True):
+        if argument.kwarg_only:
+            keywords[argument.name] = value
+        else:
+            positional.append(value)
+    return op(*positional, **keywords)
+
+
+def unrolled_copy(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+    """``module`` traced through its TorchScript code at ``example``: no loop, no list, no branch left (each
+    taken as at ``example``), the sizes it reads traced."""
+    from .converted import traceable
+
+    frozen = traceable(module, example)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the tracer's notes on values it records as constants
+        return torch.jit.trace(GraphInterpreter(frozen).eval(), example, check_trace=False)
+
+
+def lowered_graph(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+    """``module`` frozen, its graph rewritten in place by TorchScript's passes at ``example``'s rank: shapes
+    propagated, constants folded, loops of constant count unrolled, list idioms and tuples lowered."""
+    from .converted import traceable
+
+    frozen = traceable(module, example)
+    graph = frozen.graph
+    inputs = list(graph.inputs())
+    inputs[1].setType(torch._C.TensorType.create_from_tensor(example).with_sizes([None] * example.dim()))
+    for run in (torch._C._jit_pass_inline, _shapes,
+                torch._C._jit_pass_constant_propagation, torch._C._jit_pass_constant_loop_unrolling,
+                torch._C._jit_pass_constant_propagation, torch._C._jit_pass_lower_all_tuples,
+                torch._C._jit_pass_peephole_list_idioms, torch._C._jit_pass_remove_mutation,
+                torch._C._jit_pass_constant_propagation, torch._C._jit_pass_dce):
+        run(graph)
+    return frozen
+
+
+def _shapes(graph) -> None:
+    """Shapes propagated from the graph's (complete) input type."""
+    torch._C._jit_pass_propagate_shapes_on_graph(graph)

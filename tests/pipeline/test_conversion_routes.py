@@ -1,0 +1,125 @@
+"""OpenVINO for TorchScript files as users make them: the routes after direct conversion (a traced copy, ONNX,
+TorchScript's passes), each checked against torch, the one that worked cached; one line where none does.
+
+The networks are nobody's here (``tests/scripted.py``): a U-Net with its skips in a Python list, MONAI's
+``BasicUNet`` and ``UNet``, torch-em's ``UNet3d`` and the trained CREMI network of ``../shared/realdata``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import blockpred
+from blockpred.cache import default_cache_dir
+from blockpred.pipeline.backends import OpenVINONetwork, openvino_available
+from tests import scripted
+from tests.ci import needs
+from tests.helpers import read_volume, run_blockpred, write_test_volume
+
+pytestmark = needs(openvino_available(), "OpenVINO (a required dependency)")
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory):
+    return tmp_path_factory.mktemp("scripted")
+
+
+def _needs(name: str):
+    what = {"monai-basicunet": "monai (pip install -e '.[test]')", "monai-unet": "monai (pip install -e '.[test]')",
+            "torch-em-unet3d": "torch-em (pip install --no-deps torch-em)",
+            "cremi-dunet2d": "../shared/realdata beside the checkout"}.get(name, "")
+    return needs(scripted.available(name), what) if what else []
+
+
+#: The routes that convert each network here; torch-em's UNet3d (instance norm of the raw input, then 14 more
+#: norms) stays 1.8e-3 of its output range from torch on every route, so it runs with torch and says why.
+CONVERTS = {"loop-list": "unrolled", "monai-basicunet": "unrolled", "monai-unet": "unrolled",
+            "cremi-dunet2d": "direct"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(n)) for n in CONVERTS])
+def test_each_scripted_network_converts_by_a_route_and_equals_torch(nets, name):
+    module = torch.jit.load(str(scripted.save(name, nets))).eval()
+    shape = (2, 1, 48, 64, 80) if name != "cremi-dunet2d" else (2, 1, 320, 320)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(1))
+    net = OpenVINONetwork(module, precision="fp32", key={"name": f"routes-{name}"})
+    with torch.inference_mode():
+        got, expected = net(x).numpy(), module(x).numpy()
+    assert net.converted is True, net.reason
+    assert net.route == CONVERTS[name]
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE * float(np.ptp(expected)), rtol=0)
+    # A partial batch and another block run on the same converted network, as exactly.
+    for other in ((1,) + shape[1:], shape[:2] + tuple(n - 16 for n in shape[2:])):
+        y = torch.rand(other, generator=torch.Generator().manual_seed(2))
+        with torch.inference_mode():
+            got, expected = net(y).numpy(), module(y).numpy()
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE * float(np.ptp(expected)), rtol=0)
+    # The route is cached: a second network reads the converted model and tries no route.
+    again = OpenVINONetwork(module, precision="fp32", key={"name": f"routes-{name}"})
+    with torch.inference_mode():
+        got, expected = again(x).numpy(), module(x).numpy()
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE * float(np.ptp(expected)), rtol=0)
+    assert again.cached and again.route == net.route
+
+
+class Bessel(torch.nn.Module):
+    """A convolution, then ``torch.special.i0``: no OpenVINO frontend and no ONNX opset has it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(1, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.i0(self.conv(x) * 0.1)
+
+
+def test_a_network_no_route_converts_gets_one_line_naming_each_route_runs_torch_and_is_remembered(tmp_path):
+    torch.manual_seed(0)
+    model = tmp_path / "bessel.pt"
+    torch.jit.script(Bessel().eval()).save(str(model))
+    volume = write_test_volume(str(tmp_path / "v.zarr"),
+                               np.random.default_rng(0).integers(0, 255, (16, 32, 32), dtype=np.uint8))
+    env = {"BLOCKPRED_CACHE_DIR": str(tmp_path / "cache")}
+    args = (volume, "--model", str(model), "--halo", "0", "--device", "cpu", "--backend", "openvino",
+            "--block", "16,32,32", "--no-progress")
+    first = run_blockpred("run", *args[:1], str(tmp_path / "a.zarr"), *args[1:], env=env)
+    assert first.returncode == 0, first.stderr
+    lines = [line for line in first.stderr.splitlines() if "--backend openvino" in line]
+    assert len(lines) == 1, first.stderr
+    for route in ("direct: ", "traced copy: ", "ONNX: ", "TorchScript passes: ", "aten::i0"):
+        assert route in lines[0], lines[0]
+    assert "running it with torch" in lines[0]
+    second = run_blockpred("run", *args[:1], str(tmp_path / "b.zarr"), *args[1:], env=env)
+    assert second.returncode == 0, second.stderr
+    again = [line for line in second.stderr.splitlines() if "--backend openvino" in line]
+    assert len(again) == 1 and "remembered from an earlier run" in again[0], second.stderr
+    records = json.loads((tmp_path / "cache" / "openvino" / "routes.json").read_text())
+    assert [set(r["failed"]) for r in records.values()] == [{"direct", "unrolled", "onnx", "passes"}]
+    expected = torch.special.i0(torch.jit.load(str(model)).conv(
+        torch.from_numpy(read_volume(volume).astype(np.float32) / 255)[None, None]) * 0.1)[0].detach().numpy()
+    for out in ("a.zarr", "b.zarr"):
+        np.testing.assert_allclose(read_volume(tmp_path / out), expected, atol=1e-6, rtol=0)
+
+
+def test_the_loop_and_list_unet_runs_on_openvino_under_backend_auto_and_equals_torch(nets, tmp_path, caplog):
+    """The issue's network as a user runs it: a TorchScript file with its skips in a list, at the defaults
+    (--backend auto measures OpenVINO against torch on a volume long enough to pay for it)."""
+    model = str(scripted.save("loop-list", nets))
+    volume = write_test_volume(str(tmp_path / "v.zarr"),
+                               np.random.default_rng(0).integers(0, 255, (64, 160, 160), dtype=np.uint8))
+    common = dict(model=model, halo=(8, 8, 8), precision="fp32", progress=False, local=True)
+    with caplog.at_level(logging.INFO, logger="blockpred"):
+        summary = blockpred.predict(volume, str(tmp_path / "auto.zarr"), **common)
+    assert summary.backend == "openvino", summary.backend
+    assert any("traced copy route" in r.getMessage() for r in caplog.records)
+    blockpred.predict(volume, str(tmp_path / "torch.zarr"), backend="torch", block=summary.plan.block_shape,
+                      batch_size=summary.batch_size, **common)
+    expected, got = read_volume(tmp_path / "torch.zarr"), read_volume(tmp_path / "auto.zarr")
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE * float(np.ptp(expected)), rtol=0)
