@@ -50,7 +50,10 @@ where it does not (``unet12``: depth 3, the halo 16 covers less than its field).
 
 Networks: ``tiny`` (the preset: 4 features, depth 1, halo 10) and ``unet12``
 (a user's TorchScript file: blockpred's UNet3d with 12 initial features, depth
-3, 1 -> 2 channels, sigmoid, scripted and saved with ``torch.jit.script``; halo 16).
+3, 1 -> 2 channels, sigmoid, scripted and saved with ``torch.jit.script``; halo 16);
+and the TorchScript files of networks nobody here wrote (``tests/scripted.py``, halo 16):
+``loop-list`` (skips in a Python list), ``monai-basicunet``, ``monai-unet``, ``torch-em-unet3d``.
+The first run's ``time:`` line (start-up, and the stages summed) is printed with it.
 
 Sizes: ``--sizes 64,256,256x3,128,704,704x1`` = 64x256x256 (4.2 Mvox) in 3
 rounds and 128x704x704 (63 Mvox) in 1.
@@ -124,8 +127,8 @@ def parse_sizes(text: str) -> list[tuple[tuple[int, int, int], int]]:
 # --------------------------------------------------------------------------- the tools
 
 
-def run_blockpred(source: str, output: str, model_args: list[str], cache: Path) -> tuple[float, float, str]:
-    """The whole command as a user runs it: (wall s, pipeline s, its chosen: line)."""
+def run_blockpred(source: str, output: str, model_args: list[str], cache: Path) -> tuple[float, float, str, str]:
+    """The whole command as a user runs it: (wall s, pipeline s, its chosen: line, its time: line)."""
     env = dict(os.environ, BLOCKPRED_CACHE_DIR=str(cache))
     command = [sys.executable, "-m", "blockpred", "run", source, output, *model_args, "--overwrite", "--no-progress"]
     start = time.perf_counter()
@@ -136,7 +139,9 @@ def run_blockpred(source: str, output: str, model_args: list[str], cache: Path) 
     lines = result.stdout.strip().splitlines()
     pipeline = float(re.search(r" in ([\d.]+) s \(", lines[-1]).group(1))
     chosen = next((line for line in lines if line.startswith("chosen:")), "chosen: (not printed)")
-    return wall, pipeline, chosen
+    timing = next((line for line in lines if line.startswith("time:")), "time: (not printed)")
+    backend = next((line for line in lines if line.startswith("backend:")), "")
+    return wall, pipeline, f"{chosen}; {backend}" if backend else chosen, timing
 
 
 def run_blockpred_api(source: str, output: str, model_args: list[str], cache: Path, calls: int) -> list[dict]:
@@ -182,6 +187,7 @@ def main() -> None:
                         help="only these peers, by their script names (monai, torch-em-pipelined, torch-em-halo)")
     parser.add_argument("--no-scripts", action="store_true",
                         help="time the peers in-process only, not also as scripts (bench/peers.py)")
+    parser.add_argument("--no-api", action="store_true", help="leave out blockpred.predict in one process")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the peers (default 2)")
     parser.add_argument("--dir", default="/tmp/blockpred-peers")
     parser.add_argument("--json", default=None, help="write the results here too")
@@ -221,10 +227,11 @@ def main() -> None:
             times: dict[str, list[float]] = {}
             first = run_blockpred(source, bp_out, model_args, cache)
             print(f"{tag}: blockpred first run (empty cache) {first[0]:.2f} s wall, pipeline {first[1]:.2f} s; "
-                  f"{first[2]}", flush=True)
+                  f"{first[2]}; {first[3]}", flush=True)
             api_cache, api_out = root / f"cache-{tag}-api", str(root / f"{tag}-blockpred-api.zarr")
             shutil.rmtree(api_cache, ignore_errors=True)
-            api_calls = run_blockpred_api(source, api_out, model_args, api_cache, rounds + 1)
+            api_calls = run_blockpred_api(source, api_out, model_args, api_cache, rounds + 1) if not args.no_api \
+                else [{"wall_s": float("nan"), "pipeline_s": float("nan"), "chosen": "not run"}] * (rounds + 1)
             api_first = api_calls[0]
             times["blockpred.predict (cached)"] = [call["wall_s"] for call in api_calls[1:]]
             print(f"{tag}: blockpred.predict in one process: first call (empty cache) {api_first['wall_s']:.2f} s "
@@ -232,7 +239,7 @@ def main() -> None:
                   f"{', '.join(f'{t:.2f}' for t in times['blockpred.predict (cached)'])} s", flush=True)
             pipelines, chosen, outputs = [], first[2], {}
             for round_ in range(rounds):
-                wall, pipeline, chosen = run_blockpred(source, bp_out, model_args, cache)
+                wall, pipeline, chosen, _ = run_blockpred(source, bp_out, model_args, cache)
                 times.setdefault("blockpred run (cached)", []).append(wall)
                 pipelines.append(pipeline)
                 print(f"{tag} round {round_ + 1}/{rounds}: blockpred run {wall:.2f} s (pipeline {pipeline:.2f} s)",
@@ -269,7 +276,8 @@ def main() -> None:
             row = {
                 "network": name, "shape": list(shape), "mvox": mvox, "halo": list(halo), "rounds": rounds,
                 "chosen": chosen.removeprefix("chosen: "), "first_run_s": first[0], "first_pipeline_s": first[1],
-                "chosen_first": first[2].removeprefix("chosen: "), "cached_run_s": cached,
+                "chosen_first": first[2].removeprefix("chosen: "), "first_time_line": first[3],
+                "cached_run_s": cached,
                 "cached_pipeline_s": statistics.median(pipelines), "peers_s": {k: v for k, v in medians.items()
                                                                                if not k.startswith("blockpred")},
                 "best_peer": best_peer, "speedup_cached": medians[best_peer] / cached,

@@ -36,6 +36,8 @@ import torch
 SCALE = np.float32(1.0 / 255.0)
 PEER_BLOCK = (64, 64, 64)
 PEERS = ("monai", "torch-em-pipelined", "torch-em-halo")
+#: The 3D TorchScript files of ``tests/scripted.py`` (made with torch.jit.script, torch-em's with trace).
+SCRIPTED = ("loop-list", "monai-basicunet", "monai-unet", "torch-em-unet3d")
 
 
 def normalise(block: Any) -> np.ndarray:
@@ -103,7 +105,8 @@ def make_network(name: str, root: Path) -> tuple[torch.nn.Module, list[str], tup
 
     ``tiny``: blockpred's preset (4 features, depth 1, seeded weights), halo 10.
     ``unet12``: a user's TorchScript file (UNet3d, 12 features, depth 3, 1 -> 2 channels,
-    sigmoid; saved under ``root`` on first use), halo 16.
+    sigmoid; saved under ``root`` on first use), halo 16.  The :data:`SCRIPTED` networks: the TorchScript
+    files of ``tests/scripted.py``, saved under ``root``, halo 16.
     """
     if name == "tiny":
         from blockpred.models.presets import build_preset
@@ -118,7 +121,14 @@ def make_network(name: str, root: Path) -> tuple[torch.nn.Module, list[str], tup
             net = UNet3d(in_channels=1, out_channels=2, depth=3, initial_features=12).eval()
             torch.jit.script(net).save(str(path))
         return torch.jit.load(str(path)).eval(), ["--model", str(path), "--halo", "16,16,16"], (16, 16, 16)
-    raise SystemExit(f"unknown network {name!r}: use tiny or unet12")
+    if name in SCRIPTED:  # TorchScript files as their users save them (tests/scripted.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests import scripted
+
+        path = scripted.save(name, root)
+        halo = scripted.HALOS[name]
+        return torch.jit.load(str(path)).eval(), ["--model", str(path), "--halo", ",".join(map(str, halo))], halo
+    raise SystemExit(f"unknown network {name!r}: use tiny, unet12 or one of {', '.join(SCRIPTED)}")
 
 
 def window(halo: tuple[int, int, int]) -> tuple[int, ...]:
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     """The script a peer's user runs: one prediction, its output written to zarr."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("peer", choices=PEERS)
-    parser.add_argument("network", choices=("tiny", "unet12"))
+    parser.add_argument("network", choices=("tiny", "unet12") + SCRIPTED)
     parser.add_argument("source", help="the input zarr array")
     parser.add_argument("out", help="the output zarr array (replaced)")
     parser.add_argument("--like", required=True, help="blockpred's output of the same run: its chunks and codecs")

@@ -83,10 +83,15 @@ def _monai_unet() -> nn.Module:
 
 def torch_em_unet_module() -> types.ModuleType:
     """``torch_em.model.unet`` from its file (it imports numpy and torch only)."""
-    spec = importlib.util.find_spec("torch_em")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("torch-em is not installed: pip install --no-deps torch-em")
-    path = Path(list(spec.submodule_search_locations)[0]) / "model" / "unet.py"
+    stub = sys.modules.get("torch_em")  # bench/peers.py's package without its __init__, where imported
+    if stub is not None and getattr(stub, "__spec__", None) is None and getattr(stub, "__path__", None):
+        locations = list(stub.__path__)
+    else:
+        spec = importlib.util.find_spec("torch_em")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("torch-em is not installed: pip install --no-deps torch-em")
+        locations = list(spec.submodule_search_locations)
+    path = Path(locations[0]) / "model" / "unet.py"
     loaded = importlib.util.spec_from_file_location("torch_em_unet_file", path)
     module = importlib.util.module_from_spec(loaded)
     sys.modules[loaded.name] = module  # TorchScript resolves the classes' globals through their module
@@ -155,7 +160,7 @@ def available(name: str) -> bool:
     if name.startswith("monai"):
         return importlib.util.find_spec("monai") is not None
     if name == "torch-em-unet3d":
-        return importlib.util.find_spec("torch_em") is not None
+        return "torch_em" in sys.modules or importlib.util.find_spec("torch_em") is not None
     if name == "cremi-dunet2d":
         return (REALDATA / "cremi_dunet2d" / "state.nn").exists()
     return True

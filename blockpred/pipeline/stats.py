@@ -41,11 +41,20 @@ class RunStats:
     num_missing_chunk_reads: int = 0
     num_missing_chunk_blocks: int = 0
     missing_chunks_counted: bool = True
+    #: The fastest pass of the network (its compute seconds) per batch size it ran at.
+    fastest_pass_s: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
             setattr(self, stage, getattr(self, stage) + seconds)
+
+    def add_pass(self, batch_size: int, seconds: float) -> None:
+        """One batch's pass of the network: its compute seconds, counted and kept where it is the fastest."""
+        with self._lock:
+            self.compute_s += seconds
+            if seconds > 0 and seconds < self.fastest_pass_s.get(batch_size, float("inf")):
+                self.fastest_pass_s[batch_size] = seconds
 
     @property
     def mvox_per_s(self) -> float:

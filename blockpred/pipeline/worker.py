@@ -312,7 +312,7 @@ class _DeviceFeed:
         except Exception as err:  # noqa: BLE001 - out of memory shrinks and retries; the rest fails the batch
             self._retry_or_fail(items, err, sizes, retry=not self._closing)
             return
-        self._stats.add("compute_s", pending.compute_s)
+        self._stats.add_pass(len(items), pending.compute_s)
         self._stats.add("transfer_s", pending.transfer_s)
         if pending.nonfinite is not None:
             self._stats.add_nonfinite(pending.nonfinite)

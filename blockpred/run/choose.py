@@ -412,7 +412,11 @@ def _measured_defaults(cfg: RunConfig, source, roi, model, predictor: Predictor,
         dry_run_s, started = time.perf_counter() - timed, time.perf_counter()
     estimated, out_of_memory = blocks * dry_run_s, False
     exact = (predictor.backend, predictor.precision, predictor.memory_format) == ("torch", "fp32", "contiguous")
-    sample = geometry.sample if warm and geometry.sample is not None and geometry.sample[0].shape == shape else None
+    # The dry run's pass stands for a warm one only where torch ran it: a backend named (--backend openvino)
+    # converted, checked and compiled the network in it, and a start block timed so looked several times slower
+    # than it runs (unet12 then chose 64^3 at batch 4 over larger blocks).
+    sample = geometry.sample if warm and geometry.sample is not None and geometry.sample[0].shape == shape \
+        and predictor.backend == "torch" else None
     cuda = predictor.device.type == "cuda"
     # On the CPU a pass is about as long warm as its dry run was: one the budget cannot afford would be timed
     # again for nothing (a 128x512x512 volume in one block: 34 s again, after its 37 s dry run).

@@ -41,7 +41,7 @@ from ..pipeline.hostmem import peak_resident_bytes
 from ..pipeline.job import Job, run_job
 from ..pipeline.markers import DoneMarkers, markers_path
 from ..progress import ProgressBar
-from ..tuning.autosize import SizeChoice
+from ..tuning.autosize import SizeChoice, confirm_guess
 from ..tuning.defaults import Defaults
 from ..tuning.memformat import FormatChoice
 from .arrays import array_input, predict_array
@@ -309,6 +309,7 @@ def _predict(cfg: RunConfig, source_path: VolumePath, target_path: VolumePath, s
         pipeline_time = time.time() - summary.stats.seconds
         pyramid = _pyramid(cfg, job.target, summary, cluster) if cfg.pyramid else None
     _record_throughput(p, summary)
+    _confirm_guess(p, summary)
     for warning in summary.warnings():  # one line each, after the run (the summary repeats them)
         logger.warning("%s", warning)
     return dataclasses.replace(summary, sizing=p.layout.sizing, memory_format=p.format_choice, defaults=p.defaults,
@@ -394,6 +395,18 @@ def _record_throughput(p: Prepared, summary: PredictionSummary) -> None:
     workers = max(1, len(summary.workers))
     ThroughputLog().put(model_key_of(p.cfg, p.model), p.cfg.precision, stats.mvox_per_s / workers,
                         f"blockpred run of {stats.num_blocks} blocks, per worker", summary.device)
+
+
+def _confirm_guess(p: Prepared, summary: PredictionSummary) -> None:
+    """A block the measured defaults chose untimed, timed by this run's own passes (their fastest at the run's
+    batch), cached as a trial for the next run (:func:`blockpred.tuning.autosize.confirm_guess`): here, where the
+    passes ran in this process at the block and batch chosen, none split by out-of-memory recovery."""
+    sizing, stats = p.layout.sizing, summary.stats
+    if sizing is None or sizing.guess is None or summary.workers or stats.out_of_memory:
+        return
+    seconds = stats.fastest_pass_s.get(p.layout.batch_size)
+    if seconds:
+        confirm_guess(sizing, seconds, p.layout.batch_size)
 
 
 def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str, target: str,

@@ -68,7 +68,7 @@ from .sizing import (
 
 __all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key",
            "foreseen_batch_saving_s", "foreseen_saving_s", "model_key", "pick", "probe_block",
-           "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner", "untimed_growth"]
+           "confirm_guess", "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner", "untimed_growth"]
 
 logger = logging.getLogger(__name__)
 
@@ -450,7 +450,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
             logger.info("block %s not taken untimed: not foreseen within %s", "x".join(map(str, choice.block)),
                         host.what or "the memory budget")
             return replace(pick(problem, choice.trials, cached=choice.cached), complete=choice.complete)
-        return choice
+        return replace(choice, guess=(key, problem)) if choice.estimated else choice
 
     due = quick_s is not None and found is not None and recheck_due(problem, found)
     if found is not None and (cached_only or (found.complete and not due)):
@@ -476,6 +476,28 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     predictor.release_memory(host=True)  # the trials' larger blocks are not held through the run
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return held(choice)
+
+
+def confirm_guess(choice: SizeChoice, seconds_per_pass: float, batch_size: int,
+                  cache: SizeCache | None = None) -> Trial | None:
+    """An estimated block (``choice.guess``) as the run's own passes timed it (their fastest at ``batch_size``),
+    merged into its cached search as a trial: the next run takes it for what it measured, and from it the
+    search steps on to a larger block untimed where that still pays, or keeps the block it timed fastest
+    (:func:`pick`).  Nothing is run again.  The trial, or None where there is no guess or no pass."""
+    if choice.guess is None or seconds_per_pass <= 0:
+        return None
+    key, problem = choice.guess
+    cache = cache if cache is not None else SizeCache()
+    found = cache.get_entry(key, problem)
+    trial = Trial(choice.block, batch_size, "ok", choice.block.prod() * batch_size / seconds_per_pass / 1e6,
+                  seconds_per_pass)
+    cache.put(key, problem, merge_trials(found.trials if found is not None else (), [trial]),
+              complete=found.complete if found is not None else True,
+              checks=found.checks if found is not None else 1)
+    logger.info("block %s, chosen untimed, ran at %.3f s a pass (estimated %.3f): cached as timed",
+                "x".join(map(str, choice.block)), seconds_per_pass,
+                choice.block.prod() * batch_size / (choice.mvox_per_s * 1e6) if choice.mvox_per_s > 0 else 0.0)
+    return trial
 
 
 def _finish(pending) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,9 @@ class SizeChoice:
     estimated: bool = False
     #: False when the search's time ended before it did: a later run may go on where it stopped.
     complete: bool = True
+    #: An estimated block's cache entry (its key and problem), where the run's own passes time it
+    #: (:func:`blockpred.tuning.autosize.confirm_guess`); None otherwise.
+    guess: tuple | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         how = "cached trials" if self.cached else "trials"

@@ -190,7 +190,7 @@ def test_a_conversion_that_fails_its_check_is_never_cached_and_a_size_bound_trac
     assert tuple(valid.example(x).shape) != tuple(x.shape)  # a small example is tried first
     with torch.inference_mode():
         got, expected = valid(x), net(x)
-    assert valid.converted is True
+    assert valid.converted is True, valid.reason
     np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=TOLERANCE * float(np.ptp(expected.numpy())))
     assert len(list(cache.glob("*.xml"))) == 1
 
@@ -315,3 +315,34 @@ def test_a_workers_trials_run_the_network_as_its_blocks_do_with_the_runs_tta_and
     batch = np.random.default_rng(0).random((1, 1, 24, 24, 24), dtype=np.float32)
     expected = Predictor(FlipAverage(spec.load().module, (3, 4)), torch.device("cpu"))(batch)
     np.testing.assert_allclose(flipped(batch), expected, atol=TOLERANCE, rtol=0)
+
+
+def test_a_block_chosen_untimed_is_timed_by_the_runs_passes_and_the_next_run_confirms_it_or_steps_back(tmp_path):
+    # The guess of the test above, timed by the run's own passes (confirm_guess): where it ran faster than the start
+    # block per voxel over the region, the next run takes it as timed, and runs no trial; where it ran slower, the
+    # next run steps back to the start block.  Either way nothing is timed again.
+    from blockpred.geometry import Box, Coord
+    from blockpred.models import build_preset
+    from blockpred.tuning.autosize import SizeCache, SizeProblem, Trial, choose_sizes, confirm_guess
+    from blockpred.tuning.hostbudget import HostBudget
+
+    problem = SizeProblem(in_channels=1, raw_dtype=np.dtype("uint8"), halo=Coord((10, 10, 10)),
+                          context=Coord((0, 0, 0)), input_extra=Coord((0, 0, 0)), step=Coord((2, 2, 2)),
+                          base_block=Coord((16, 16, 16)), roi=Box.from_shape(Coord((64, 64, 64))))
+    start, guess = Coord((16, 16, 16)), Coord((32, 32, 32))
+    known = (Trial(start, 1, "ok", start.prod() / 0.01 / 1e6, 0.01),)
+    predictor = Predictor(build_preset("tiny"), torch.device("cpu"), backend="openvino")
+
+    def chosen(cache: SizeCache, **options):
+        return choose_sizes(predictor, problem, model_key={"name": "guess"}, cache=cache,
+                            host_budget=HostBudget(limit_bytes=64 * 2**30, output_bytes_per_voxel=8.0), **options)
+
+    for seconds, expected in ((0.03, guess), (0.2, start)):  # 8 blocks at 0.03 s beat 64 at 0.01; at 0.2 they lose
+        cache = SizeCache(tmp_path / f"{seconds}.json")
+        first = chosen(cache, quick_s=0.0, known=known)
+        assert first.block == guess and first.estimated and first.guess is not None, first
+        trial = confirm_guess(first, seconds, 1, cache=cache)
+        assert trial is not None and trial.block == guess and trial.seconds_per_pass == seconds
+        second = chosen(cache, quick_s=0.0, cached_only=True)  # what the next run finds: no trial runs
+        assert second.block == expected and not second.estimated, (seconds, second)
+        assert confirm_guess(second, seconds, 1, cache=cache) is None  # a timed block is no guess
