@@ -5,8 +5,9 @@ command runs as a user types it, on the synthetic EM volume of ``bench/compare_p
 (``--first``), then once more on the cache it left (the cached run).  The start-up (process start to the
 pipeline's first block) is split at blockpred's ``-v`` log lines into phases, each named by the line that ends it:
 
-    imports and model load | grid (dry runs) | receptive field | memory count | start block's dry run |
-    backend, layouts and sizes measured (OpenVINO's routes, conversion and check among them) | pipeline
+    imports and model load | grid (dry runs) | receptive field | memory count |
+    the start block's dry run, then backend, layouts and sizes measured (OpenVINO's routes, conversion and
+    check among them) | pipeline
 
     python bench/bench_first_run.py [--networks loop-list,monai-unet,...] [--shape 64,256,256] [--dir D]
 """
@@ -29,8 +30,7 @@ from peers import make_network  # noqa: E402
 
 #: Phases, each ended by the first log line that holds its marker (after the phase before it).
 PHASES = (("imports, model load", "loaded model"), ("grid", "network grid"), ("receptive field", "receptive field"),
-          ("memory counted", "memory of a pass"), ("start block's dry run", "dry run of the network"),
-          ("measured (backend, layout, sizes)", "chosen:"))
+          ("memory counted", "memory of a pass"), ("dry run, measured (backend, layout, sizes)", "chosen:"))
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -86,7 +86,7 @@ def main() -> None:
         first = run(source, str(root / f"{name}.zarr"), model_args, cache)
         cached = run(source, str(root / f"{name}.zarr"), model_args, cache)
         split, started = phases(first[1], first[2])
-        backend = next((line for line in first[2].splitlines() if line.startswith("backend:")), "")
+        backend = next((line for line in first[2].splitlines() if line.startswith("backend:")), "backend: torch")
         routes = [text.split(": ", 1)[1] for _, text in first[1] if "--backend openvino:" in text]
         rows.append((name, first[0], started, split, cached[0], backend, routes))
         print(f"{name}: first run {first[0]:.2f} s (started in {started:.2f} s: "

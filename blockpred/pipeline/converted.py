@@ -37,7 +37,22 @@ STRIDES = (32, 64)
 
 
 class BackendUnavailable(RuntimeError):
-    """The backend cannot run this network here (not installed, does not convert, does not match torch)."""
+    """The backend cannot run this network here (not installed, does not convert, does not match torch).
+    ``diff``: where it converted and ran, how far its output was from torch's (a share of the output range)."""
+
+    def __init__(self, message: str, diff: float | None = None):
+        super().__init__(message)
+        self.diff = diff
+
+
+#: A conversion at a small example that differs from torch at the block by more than this share of the output
+#: range is made again at the block's own shape (a trace bound to the size it saw crops or pads wrongly
+#: elsewhere: 1 of the range in the tests); one that differs by less computes the same operations in another
+#: order (torch-em's UNet3d, 0.0091) and would differ as much at any shape.
+SIZE_BOUND = 0.05
+#: Routes that compute what direct conversion computes (the same operations through another frontend): not
+#: tried where a route converted and differed from torch, for they differ as it did.
+SAME_OPERATIONS = frozenset({"onnx", "passes"})
 
 
 class ConvertedNetwork:
@@ -134,7 +149,11 @@ class ConvertedNetwork:
         if isinstance(record, dict) and record.get("route") in routes:
             routes = (record["route"],)
         failed: dict[str, str] = {}
+        differed = False
         for route in routes:
+            if differed and route in SAME_OPERATIONS:
+                failed[route] = "not tried: it computes what the routes that differed computed"
+                continue
             model = self._cached(x, route) if self._key is not None else None
             if model is not None:
                 self._ready(model, None)
@@ -144,6 +163,7 @@ class ConvertedNetwork:
                 self._make_checked(route, x)
             except Exception as err:  # noqa: BLE001 - the next route; every failure is named in one line
                 failed[route] = why(err)
+                differed = differed or getattr(err, "diff", None) is not None
                 logger.info("--backend %s: the %s route failed (%s)", self.backend, self.ROUTE_NAMES[route],
                             failed[route])
                 continue
@@ -165,7 +185,7 @@ class ConvertedNetwork:
             try:
                 self._ready(model, tuple(x.shape))
             except BackendUnavailable as err:
-                if tried is examples[-1]:
+                if tried is examples[-1] or (err.diff is not None and err.diff <= SIZE_BOUND):
                     raise
                 logger.info("--backend %s: %s at example %s (%s); at the block's own shape", self.backend,
                             self.made, tuple(tried.shape), err)
@@ -240,7 +260,7 @@ class ConvertedNetwork:
         diff = float(np.abs(got - expected).max()) / (float(np.ptp(expected)) or 1.0)
         if not diff <= TOLERANCE:
             raise BackendUnavailable(f"its {self.runtime} output differs from torch's by {diff:.2g} of the output "
-                                     f"range (at most {TOLERANCE:g} is exact)")
+                                     f"range (at most {TOLERANCE:g} is exact)", diff=diff)
         logger.info("--backend %s: the %s network differs from torch by %.2g of its output range", self.backend,
                     self.made, diff)
 
