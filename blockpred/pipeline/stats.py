@@ -54,7 +54,9 @@ class RunStats:
         with self._lock:
             self.compute_s += seconds
             if seconds > 0 and seconds < self.fastest_pass_s.get(batch_size, float("inf")):
-                self.fastest_pass_s[batch_size] = seconds
+                # A new dict, never one changed in place: a copy of the stats (pickled for the client, or
+                # replaced) may iterate the old one meanwhile.
+                self.fastest_pass_s = {**self.fastest_pass_s, batch_size: seconds}
 
     @property
     def mvox_per_s(self) -> float:

@@ -51,7 +51,7 @@ from ..errors import InvalidOptionError
 from ..geometry import Coord
 from ..pipeline import Predictor, is_out_of_memory
 from .hostbudget import HostBudget, HostMeter, Measured
-from .sizecache import CachedSizes, SizeCache, cache_key, device_key
+from .sizecache import CachedSizes, SizeCache, cache_key, confirm_guess, device_key, merge_trials
 from .sizing import (
     FAILED,
     OVER_BUDGET,
@@ -377,22 +377,11 @@ def recheck_due(problem: SizeProblem, cached: CachedSizes) -> bool:
     return cached.checks < MAX_CHECKS and problem.roi_mvox_per_s(top[0]) < THIN_MARGIN * problem.roi_mvox_per_s(top[1])
 
 
-def merge_trials(old: list[Trial] | tuple[Trial, ...], new: list[Trial] | tuple[Trial, ...]) -> list[Trial]:
-    """Trials by (block, batch): of two timings of one configuration the faster; a new outcome where either
-    did not fit (the device's free memory may have changed)."""
-    merged = {(t.block, t.batch_size): t for t in old}
-    for trial in new:
-        prior = merged.get((trial.block, trial.batch_size))
-        if prior is None or not (prior.fits and trial.fits) or trial.seconds_per_pass < prior.seconds_per_pass:
-            merged[(trial.block, trial.batch_size)] = trial
-    return list(merged.values())
-
-
 def recheck(problem: SizeProblem, run: Callable[[Coord, int], Trial], cached: CachedSizes, *, max_total_s: float,
             known: tuple[Trial, ...] = (), trial_passes: int = 2,
             clock: Callable[[], float] = time.perf_counter) -> tuple[list[Trial], bool]:
     """The cached trials with their winner and runner-up timed again by ``run`` (those not in ``known``,
-    which the caller just timed), each merged with its earlier timing (:func:`merge_trials`).
+    which the caller just timed), each merged with its earlier timing (:func:`.sizecache.merge_trials`).
 
     No trial starts that is foreseen to end after ``max_total_s``: ``trial_passes`` passes, scaled by
     input voxels from the last pass timed now (the cached timing when none is: it may be the busy one).
@@ -476,28 +465,6 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     predictor.release_memory(host=True)  # the trials' larger blocks are not held through the run
     cache.put(key, problem, choice.trials, complete=choice.complete)
     return held(choice)
-
-
-def confirm_guess(choice: SizeChoice, seconds_per_pass: float, batch_size: int,
-                  cache: SizeCache | None = None) -> Trial | None:
-    """An estimated block (``choice.guess``) as the run's own passes timed it (their fastest at ``batch_size``),
-    merged into its cached search as a trial: the next run takes it for what it measured, and from it the
-    search steps on to a larger block untimed where that still pays, or keeps the block it timed fastest
-    (:func:`pick`).  Nothing is run again.  The trial, or None where there is no guess or no pass."""
-    if choice.guess is None or seconds_per_pass <= 0:
-        return None
-    key, problem = choice.guess
-    cache = cache if cache is not None else SizeCache()
-    found = cache.get_entry(key, problem)
-    trial = Trial(choice.block, batch_size, "ok", choice.block.prod() * batch_size / seconds_per_pass / 1e6,
-                  seconds_per_pass)
-    cache.put(key, problem, merge_trials(found.trials if found is not None else (), [trial]),
-              complete=found.complete if found is not None else True,
-              checks=found.checks if found is not None else 1)
-    logger.info("block %s, chosen untimed, ran at %.3f s a pass (estimated %.3f): cached as timed",
-                "x".join(map(str, choice.block)), seconds_per_pass,
-                choice.block.prod() * batch_size / (choice.mvox_per_s * 1e6) if choice.mvox_per_s > 0 else 0.0)
-    return trial
 
 
 def _finish(pending) -> int:

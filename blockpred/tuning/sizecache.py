@@ -1,4 +1,6 @@
-"""The size trials cached per model, device, precision and constraints: :class:`SizeCache`.
+"""The size trials cached per model, device, precision and constraints: :class:`SizeCache`; two timings of one
+configuration merged (:func:`merge_trials`), and a block chosen untimed merged in as the run timed it
+(:func:`confirm_guess`).
 
 Only the first run on a machine pays for the trials of :mod:`blockpred.tuning.autosize`.
 """
@@ -6,6 +8,7 @@ Only the first run on a machine pays for the trials of :mod:`blockpred.tuning.au
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -15,7 +18,9 @@ import numpy as np
 from ..cache import JsonFile, default_cache_dir, digest
 from ..geometry import Coord
 from ..pipeline import Predictor
-from .sizing import SizeProblem, Trial
+from .sizing import SizeChoice, SizeProblem, Trial
+
+logger = logging.getLogger(__name__)
 
 #: Bumped when the cached entries change meaning.
 CACHE_VERSION = 1
@@ -118,3 +123,36 @@ def _problem_json(problem: SizeProblem) -> dict:
 def _trial_json(trial: Trial) -> dict:
     return {"block": list(trial.block), "batch_size": trial.batch_size, "outcome": trial.outcome,
             "mvox_per_s": trial.mvox_per_s, "seconds_per_pass": trial.seconds_per_pass, "peak_bytes": trial.peak_bytes}
+
+
+def merge_trials(old: list[Trial] | tuple[Trial, ...], new: list[Trial] | tuple[Trial, ...]) -> list[Trial]:
+    """Trials by (block, batch): of two timings of one configuration the faster; a new outcome where either
+    did not fit (the device's free memory may have changed)."""
+    merged = {(t.block, t.batch_size): t for t in old}
+    for trial in new:
+        prior = merged.get((trial.block, trial.batch_size))
+        if prior is None or not (prior.fits and trial.fits) or trial.seconds_per_pass < prior.seconds_per_pass:
+            merged[(trial.block, trial.batch_size)] = trial
+    return list(merged.values())
+
+
+def confirm_guess(choice: SizeChoice, seconds_per_pass: float, batch_size: int,
+                  cache: SizeCache | None = None) -> Trial | None:
+    """An estimated block (``choice.guess``) as the run's own passes timed it (their fastest at ``batch_size``),
+    merged into its cached search as a trial: the next run takes it for what it measured, and from it the
+    search steps on to a larger block untimed where that still pays, or keeps the block it timed fastest
+    (:func:`blockpred.tuning.autosize.pick`).  Nothing is run again.  The trial, or None where there is no guess or no pass."""
+    if choice.guess is None or seconds_per_pass <= 0:
+        return None
+    key, problem = choice.guess
+    cache = cache if cache is not None else SizeCache()
+    found = cache.get_entry(key, problem)
+    trial = Trial(choice.block, batch_size, "ok", choice.block.prod() * batch_size / seconds_per_pass / 1e6,
+                  seconds_per_pass)
+    cache.put(key, problem, merge_trials(found.trials if found is not None else (), [trial]),
+              complete=found.complete if found is not None else True,
+              checks=found.checks if found is not None else 1)
+    logger.info("block %s, chosen untimed, ran at %.3f s a pass (estimated %.3f): cached as timed",
+                "x".join(map(str, choice.block)), seconds_per_pass,
+                choice.block.prod() * batch_size / (choice.mvox_per_s * 1e6) if choice.mvox_per_s > 0 else 0.0)
+    return trial
