@@ -38,25 +38,28 @@ def _needs(name: str):
     return needs(scripted.available(name), what) if what else []
 
 
-#: The routes that convert each network here; torch-em's UNet3d (instance norm of the raw input, then 14 more
-#: norms) stays 1.8e-3 of its output range from torch on every route, so it runs with torch and says why.
-CONVERTS = {"loop-list": "unrolled", "monai-basicunet": "unrolled", "monai-unet": "unrolled",
-            "cremi-dunet2d": "direct"}
+#: The routes that convert each network here (MONAI's UNet converts directly at blocks of 32x48x64 and less,
+#: within 1e-5 on the check's batch and 1.02e-5 on another; at this block and at 96^3 its instance norms drift
+#: 7.5e-5 of the output range through OpenVINO's fused norm, and the traced copy converts it).
+#: torch-em's UNet3d (an instance norm after each ReLU, where a channel near zero amplifies the order of
+#: OpenVINO's sums) stays 2e-3 of its output range from torch on every route: it runs with torch and says why.
+CONVERTS = {"loop-list": {"unrolled"}, "monai-basicunet": {"unrolled"}, "monai-unet": {"unrolled"},
+            "cremi-dunet2d": {"direct"}}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(n)) for n in CONVERTS])
 def test_each_scripted_network_converts_by_a_route_and_equals_torch(nets, name):
     module = torch.jit.load(str(scripted.save(name, nets))).eval()
-    shape = (2, 1, 48, 64, 80) if name != "cremi-dunet2d" else (2, 1, 320, 320)
+    shape = (2, 1, 48, 64, 80) if name != "cremi-dunet2d" else (2, 1, 256, 320)
     x = torch.rand(shape, generator=torch.Generator().manual_seed(1))
     net = OpenVINONetwork(module, precision="fp32", key={"name": f"routes-{name}"})
     with torch.inference_mode():
         got, expected = net(x).numpy(), module(x).numpy()
     assert net.converted is True, net.reason
-    assert net.route == CONVERTS[name]
+    assert net.route in CONVERTS[name], net.route
     np.testing.assert_allclose(got, expected, atol=TOLERANCE * float(np.ptp(expected)), rtol=0)
-    # A partial batch and another block run on the same converted network, as exactly.
-    for other in ((1,) + shape[1:], shape[:2] + tuple(n - 16 for n in shape[2:])):
+    # A partial batch of another block runs on the same converted network, as exactly.
+    for other in ((1, 1) + tuple(n - 16 for n in shape[2:]),):
         y = torch.rand(other, generator=torch.Generator().manual_seed(2))
         with torch.inference_mode():
             got, expected = net(y).numpy(), module(y).numpy()
