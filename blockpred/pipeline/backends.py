@@ -22,10 +22,12 @@ equal to 1.2e-7 (``bench/RESULTS.md``).  A network is converted once:
 * **Checked** at conversion: OpenVINO's output on a seeded random batch of
   the first batch's shape must equal torch's within :data:`TOLERANCE` of
   torch's output range at fp32 (compiled at f32 for the check under bf16
-  too); else the network runs with torch and one line says why.  A network that does not convert (control flow the tracer
-  cannot follow, a second input such as a package's per-plane statistics, a
-  module that says ``torch_only = True`` because its forward does what a trace
-  cannot see) runs with torch, and one line says why too.
+  too).  Where it does not convert or match, the next routes follow (:meth:`OpenVINONetwork.routes`): a
+  TorchScript network's traced copy (:mod:`.unrolled`: its lists and loops run in Python), the ONNX route
+  and TorchScript's passes, each checked the same way, the one that worked cached per network
+  (``routes.json``).  A network no route converts (an operation neither OpenVINO nor ONNX has, a second input
+  such as a package's per-plane statistics, a module that says ``torch_only = True``) runs with torch, and one
+  line names each route and why it failed.
 * **Cached on disk**, once it passed its check: the converted model is saved in the cache directory
   (``openvino/<key>.xml``, keyed by the network's name, weights and options,
   its wrapper and channels, and the versions of torch and OpenVINO), and

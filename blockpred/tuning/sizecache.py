@@ -141,7 +141,8 @@ def confirm_guess(choice: SizeChoice, seconds_per_pass: float, batch_size: int,
     """An estimated block (``choice.guess``) as the run's own passes timed it (their fastest at ``batch_size``),
     merged into its cached search as a trial: the next run takes it for what it measured, and from it the
     search steps on to a larger block untimed where that still pays, or keeps the block it timed fastest
-    (:func:`blockpred.tuning.autosize.pick`).  Nothing is run again.  The trial, or None where there is no guess or no pass."""
+    (:func:`blockpred.tuning.autosize.pick`).  Nothing is run again.  The trial, or None where there is no guess
+    or no pass."""
     if choice.guess is None or seconds_per_pass <= 0:
         return None
     key, problem = choice.guess
