@@ -15,16 +15,14 @@ pipeline's first block) is split at blockpred's ``-v`` log lines into phases, ea
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent)]
+from command import run_blockpred  # noqa: E402
 from compare_peers import make_volume  # noqa: E402
 from peers import make_network  # noqa: E402
 
@@ -36,21 +34,14 @@ STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 def run(source: str, output: str, model_args: list[str], cache: Path) -> tuple[float, list[tuple[float, str]], str]:
     """The whole command with ``-v``: (wall s, its log lines as (seconds from the start, text), stdout)."""
-    env = dict(os.environ, BLOCKPRED_CACHE_DIR=str(cache))
-    command = [sys.executable, "-m", "blockpred", "-v", "run", source, output, *model_args, "--overwrite",
-               "--no-progress"]
-    start = time.time()
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    wall = time.time() - start
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
+    result = run_blockpred([source, output, *model_args, "--overwrite", "--no-progress"], cache, verbose=True)
     lines = []
-    for line in result.stderr.splitlines():
+    for line in result["stderr"].splitlines():
         match = STAMP.match(line)
         if match:
-            at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() - start
+            at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() - result["start"]
             lines.append((at, line[match.end():]))
-    return wall, lines, result.stdout
+    return result["wall_s"], lines, result["stdout"]
 
 
 def phases(lines: list[tuple[float, str]], stdout: str) -> tuple[list[tuple[str, float]], float]:

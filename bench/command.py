@@ -15,14 +15,16 @@ _TIME = re.compile(r"started in ([\d.]+) s; stages summed over threads: read ([\
 _BLOCK = re.compile(r"block (\d+)x(\d+)x(\d+)")
 
 
-def run_blockpred(args: list[str], cache: Path) -> dict:
+def run_blockpred(args: list[str], cache: Path, verbose: bool = False) -> dict:
     """``python -m blockpred run ARGS`` with its own size cache: wall seconds and its summary's figures.
 
     ``mvox``, ``blocks``, ``pipeline_s``, ``mvox_per_s`` from the ``predicted`` line; ``started_s``,
     ``read_s``, ``device_s``, ``write_s`` from the ``time:`` line; ``chosen`` (the line) and ``block``
-    (what the defaults chose, or None).
+    (what the defaults chose, or None).  ``verbose``: with ``-v``, its output (``stdout``, ``stderr``: the log)
+    and the wall-clock time it started at (``start``, ``time.time()``) too.
     """
-    command = [sys.executable, "-m", "blockpred", "run", *args]
+    command = [sys.executable, "-m", "blockpred", *(["-v"] if verbose else []), "run", *args]
+    started_at = time.time()
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True,
                             env=dict(os.environ, BLOCKPRED_CACHE_DIR=str(cache)))
@@ -36,4 +38,5 @@ def run_blockpred(args: list[str], cache: Path) -> dict:
             "pipeline_s": float(summary.group(3)), "mvox_per_s": float(summary.group(4)),
             "started_s": float(times.group(1)), "read_s": float(times.group(2)),
             "device_s": float(times.group(3)), "write_s": float(times.group(4)),
-            "chosen": chosen, "block": [int(v) for v in block.groups()] if block else None}
+            "chosen": chosen, "block": [int(v) for v in block.groups()] if block else None,
+            **({"stdout": result.stdout, "stderr": result.stderr, "start": started_at} if verbose else {})}

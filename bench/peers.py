@@ -122,7 +122,9 @@ def make_network(name: str, root: Path) -> tuple[torch.nn.Module, list[str], tup
             torch.jit.script(net).save(str(path))
         return torch.jit.load(str(path)).eval(), ["--model", str(path), "--halo", "16,16,16"], (16, 16, 16)
     if name in SCRIPTED:  # TorchScript files as their users save them (tests/scripted.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        checkout = str(Path(__file__).resolve().parents[1])
+        if checkout not in sys.path:
+            sys.path.insert(0, checkout)
         from tests import scripted
 
         path = scripted.save(name, root)

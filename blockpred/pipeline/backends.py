@@ -58,8 +58,8 @@ import torch
 
 from ..cache import JsonFile, default_cache_dir, digest
 from ..errors import InvalidOptionError
-from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, traceable
-from .unrolled import lowered_graph, scripted, unrolled_copy
+from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, scripted, traceable
+from .unrolled import lowered_graph, unrolled_copy
 
 logger = logging.getLogger(__name__)
 

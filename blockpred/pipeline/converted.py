@@ -27,7 +27,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "traceable", "why"]
+__all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "scripted", "traceable", "why"]
 
 #: A converted network's fp32 output may differ from torch's by this share of torch's output range at any voxel.
 TOLERANCE = 1e-5
@@ -146,8 +146,8 @@ class ConvertedNetwork:
             raise BackendUnavailable(_no_route(record["failed"], self.ROUTE_NAMES) + " (remembered from an earlier "
                                      "run: clear the cache directory's routes file to try again)")
         routes = self.routes()
-        if isinstance(record, dict) and record.get("route") in routes:
-            routes = (record["route"],)
+        if isinstance(record, dict) and record.get("route") in routes:  # the one that worked first, then the rest
+            routes = (record["route"],) + tuple(route for route in routes if route != record["route"])
         failed: dict[str, str] = {}
         differed = False
         for route in routes:
@@ -293,11 +293,16 @@ class _Call(torch.nn.Module):
         return self.module(x)
 
 
+def scripted(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is or holds a TorchScript module."""
+    return any(isinstance(m, torch.jit.ScriptModule) for m in module.modules())
+
+
 def traceable(module: torch.nn.Module, example: torch.Tensor) -> torch.nn.Module:
     """``module`` as a converter takes it: a TorchScript module (or one that holds one) traced through a plain
     call at ``example`` and frozen, so that its branches on the input's rank (F.interpolate's) become constants;
     any other as it is."""
-    if not any(isinstance(m, torch.jit.ScriptModule) for m in module.modules()):
+    if not scripted(module):
         return module
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's notes on shape checks it records as constants

@@ -13,7 +13,7 @@ sizes (MONAI's padding to the skip's size) as they are, and OpenVINO's PyTorch f
 * :func:`lowered_graph`: TorchScript's own passes on the frozen graph, at the input's rank: shapes propagated
   and folded, loops of constant count unrolled, tuples and list idioms lowered, dead code removed.
 
-Both take a module that holds a TorchScript network (or is one); :func:`scripted` says whether it does.
+Both take a module that holds a TorchScript network (or is one: :func:`.converted.scripted`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["GraphInterpreter", "lowered_graph", "scripted", "unrolled_copy"]
-
-
-def scripted(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is or holds a TorchScript module."""
-    return any(isinstance(m, torch.jit.ScriptModule) for m in module.modules())
+__all__ = ["GraphInterpreter", "lowered_graph", "unrolled_copy"]
 
 
 class GraphInterpreter(torch.nn.Module):
@@ -64,7 +59,7 @@ class GraphInterpreter(torch.nn.Module):
                 for value, result in zip(outs, results, strict=True):
                     env[value.unique()] = result
 
-    def _node(self, node, args: list, env: dict) -> Any:  # noqa: C901 - one dispatch on the node's kind
+    def _node(self, node, args: list, env: dict) -> Any:
         kind = node.kind()
         if kind == "prim::Constant":
             return node.output().toIValue()
@@ -78,66 +73,20 @@ class GraphInterpreter(torch.nn.Module):
                 go, *carried = self._block(body, env, [index, *carried])
                 index += 1
             return _outputs(carried)
-        if kind in ("prim::ListConstruct",):
-            return list(args)
-        if kind == "prim::TupleConstruct":
-            return tuple(args)
-        if kind in ("prim::ListUnpack", "prim::TupleUnpack"):
-            return tuple(args[0])
-        if kind == "prim::TupleIndex":
-            return args[0][args[1]]
         if kind == "prim::GetAttr":
             return getattr(args[0], node.s("name"))
-        if kind in ("prim::unchecked_cast", "aten::detach", "prim::profile"):
-            return args[0]
-        if kind == "prim::Uninitialized":
-            return None
         if kind == "prim::RaiseException":
             raise RuntimeError(f"the network raised: {args[0] if args else ''}")
-        if kind == "aten::warn":
-            return None
-        if kind == "prim::NumToTensor":  # a size the trace kept: a 0-dim tensor already
-            return args[0] if isinstance(args[0], torch.Tensor) else torch.tensor(args[0])
         if kind in ("aten::Int", "aten::Float", "aten::ScalarImplicit") and isinstance(args[0], torch.Tensor) \
                 and args[0].dim() == 0:
             return args[0]  # a traced size as an int: kept a 0-dim tensor, so the trace keeps it dynamic
-        if kind == "prim::dtype":
-            return args[0].dtype
-        if kind == "prim::device":
-            return args[0].device
-        if kind == "aten::format":
-            return str(args[0]).format(*args[1:])
-        if kind == "aten::__is__":
-            return args[0] is args[1]
-        if kind == "aten::__isnot__":
-            return args[0] is not args[1]
-        if kind == "aten::__not__":
-            return not args[0]
-        if kind == "aten::append":
-            args[0].append(args[1])
-            return args[0]
-        if kind == "aten::pop":
-            return args[0].pop(*args[1:])
-        if kind == "aten::insert":
-            args[0].insert(args[1], args[2])
-            return None
-        if kind == "aten::_set_item":
-            args[0][args[1]] = args[2]
-            return args[0]
-        if kind == "aten::extend":
-            args[0].extend(args[1])
-            return None
-        if kind == "aten::clear":
-            args[0].clear()
-            return None
-        if kind == "aten::len":
-            return len(args[0])
-        if kind == "aten::__getitem__":
-            return args[0][args[1]]
         if kind == "aten::instance_norm" and args[5]:
             return _instance_norm(args[0], args[1], args[2], args[7])
         if kind == "aten::group_norm":
             return _group_norm(args[0], args[1], args[2], args[3], args[4])
+        values = _VALUES.get(kind)
+        if values is not None:
+            return values(args)
         if kind == "aten::slice" and isinstance(args[0], torch.Tensor):  # by indexing, which traces its bounds
             x, dim, start, end, step = args
             end = None if isinstance(end, int) and end >= 2 ** 62 else end
@@ -148,6 +97,33 @@ class GraphInterpreter(torch.nn.Module):
         if plain is not None and "Tensor" not in node.schema().split("->")[0]:
             return plain(*args)  # on ints, floats and lists (a traced size is a 0-dim tensor, still such a value)
         return _call(node, args)
+
+
+def _set_item(args: list) -> list:
+    args[0][args[1]] = args[2]
+    return args[0]
+
+
+#: Lists, tuples and the values TorchScript passes between operations, in Python: what each such node gives for
+#: its arguments (a list it changes is changed in place, as TorchScript's is).
+_VALUES = {
+    "prim::ListConstruct": list, "prim::TupleConstruct": tuple,
+    "prim::ListUnpack": lambda args: tuple(args[0]), "prim::TupleUnpack": lambda args: tuple(args[0]),
+    "prim::TupleIndex": lambda args: args[0][args[1]], "aten::__getitem__": lambda args: args[0][args[1]],
+    "prim::unchecked_cast": lambda args: args[0], "aten::detach": lambda args: args[0],
+    "prim::profile": lambda args: args[0], "prim::Uninitialized": lambda args: None, "aten::warn": lambda args: None,
+    # a size the trace kept is a 0-dim tensor already
+    "prim::NumToTensor": lambda args: args[0] if isinstance(args[0], torch.Tensor) else torch.tensor(args[0]),
+    "prim::dtype": lambda args: args[0].dtype, "prim::device": lambda args: args[0].device,
+    "aten::format": lambda args: str(args[0]).format(*args[1:]),
+    "aten::__is__": lambda args: args[0] is args[1], "aten::__isnot__": lambda args: args[0] is not args[1],
+    "aten::__not__": lambda args: not args[0], "aten::len": lambda args: len(args[0]),
+    "aten::append": lambda args: args[0].append(args[1]) or args[0],
+    "aten::pop": lambda args: args[0].pop(*args[1:]),
+    "aten::insert": lambda args: args[0].insert(args[1], args[2]),
+    "aten::_set_item": _set_item,
+    "aten::extend": lambda args: args[0].extend(args[1]), "aten::clear": lambda args: args[0].clear(),
+}
 
 
 #: TorchScript's operations on ints, floats, bools and lists, as Python computes them (``torch.ops`` takes no
