@@ -58,8 +58,9 @@ import torch
 
 from ..cache import JsonFile, default_cache_dir, digest
 from ..errors import InvalidOptionError
-from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, scripted, traceable
-from .unrolled import lowered_graph, unrolled_copy
+from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, scripted, traceable, why
+from .sizebound import SizeBound, branches_key, shape_key
+from .unrolled import UnrolledCopy, lowered_graph, unrolled_copy
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,11 @@ class OpenVINONetwork(ConvertedNetwork):
         #: What OpenVINO computes in once converted (the compiled model's own inference precision): ``bf16`` for
         #: --precision bf16 on a CPU that has it (:func:`cpu_bf16`), else ``f32``.
         self.inference_precision = ""
+        #: Where the traced copy took branches on the input's sizes: its copies per branches (:mod:`.sizebound`).
+        self.size_bound: SizeBound | None = None
+        self._made: UnrolledCopy | None = None  # the traced copy _make made last
+        self._bound_record: dict | None = None  # the routes file's record of a size-bound copy read from the cache
+        self._in_channels = 0
 
     def routes(self) -> tuple[str, ...]:
         """Direct conversion; for a TorchScript network then its traced copy, the ONNX route and TorchScript's
@@ -171,7 +177,7 @@ class OpenVINONetwork(ConvertedNetwork):
         return ("direct", "unrolled", "onnx", "passes") if scripted(self._module) else ("direct", "onnx")
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
-        return next(iter(self._request.infer({0: x}, share_inputs=True).values()))
+        return self.size_bound(x) if self.size_bound is not None else _run(self._request, x)
 
     def release_memory(self) -> None:
         """Hand back the buffers OpenVINO keeps for the largest input it ran (after a 276^3 trial, 2.04 GiB
@@ -182,14 +188,18 @@ class OpenVINONetwork(ConvertedNetwork):
     def _cached(self, x: torch.Tensor, route: str):
         import openvino as ov
 
+        self._in_channels = int(x.shape[1])
         path = _cache_path(self._key, x.shape[1], route)
         if not path.is_file():
             return None
         try:
-            return ov.Core().read_model(str(path))
+            model = ov.Core().read_model(str(path))
         except Exception as err:  # noqa: BLE001 - a broken cache entry is converted again
             logger.info("the cached OpenVINO model %s does not read (%s); converting again", path, err)
             return None
+        record = self._records().read().get(self._record_key(x.shape[1])) if route == "unrolled" else None
+        self._bound_record = record if isinstance(record, dict) and "branches" in record else None
+        return model
 
     def _make(self, route: str, example: torch.Tensor):
         import warnings
@@ -208,18 +218,73 @@ class OpenVINONetwork(ConvertedNetwork):
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     exported = _export(self._module, example)  # a failed export prints the graph
                 return ov.Core().read_model(exported)
-            made = unrolled_copy if route == "unrolled" else lowered_graph
-            return ov.convert_model(made(self._module, example), example_input=example, input=dynamic)
+            if route == "passes":
+                return ov.convert_model(lowered_graph(self._module, example), example_input=example, input=dynamic)
+            self._made = unrolled_copy(self._module, example)
+            return ov.convert_model(self._made.module, example_input=example, input=dynamic)
 
     def _ready(self, model, check_shape: tuple | None) -> None:
-        compiled = _compile(model, self._precision)
-        request = compiled.create_infer_request()
+        self._in_channels = self._in_channels or int(check_shape[1] if check_shape else 0)
+        request = self._checked(model, check_shape)
+        self._request = request
+        self.inference_precision = request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT").to_string()
+        made, self._made = self._made, None
+        first = shapes = None
+        if made is not None and made.size_bound and check_shape is not None:  # made now, checked at check_shape
+            first = branches_key(made.taken)
+            shapes = {shape_key(check_shape): first}
+        elif check_shape is None and self._bound_record is not None:  # read from the cache
+            first, shapes = self._bound_record["branches"], dict(self._bound_record.get("shapes", {}))
+        self.size_bound = None if first is None else SizeBound(
+            module=self._module,
+            frozen=made.frozen if made is not None else lambda x: traceable(self._module, self.example(
+                torch.from_numpy(x))),
+            first=(first, functools.partial(_run, request)), shapes=shapes, make=self._variant,
+            remember=self._remember)
+
+    def _checked(self, model, check_shape: tuple | None):
+        """An infer request for ``model``, checked against torch at ``check_shape`` first (None: it was)."""
+        request = _compile(model, self._precision).create_infer_request()
         if check_shape is not None:  # at f32 whatever it runs (the run compares bf16 with fp32 on its first block)
             # fp32: on the request the run uses, which the check leaves warm at the block's shape
             checked = request if self._precision != "bf16" else _compile(model, "fp32").create_infer_request()
             self.check(lambda batch: next(iter(checked.infer({0: batch}).values())), check_shape)
-        self._request = request
-        self.inference_precision = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+        return request
+
+    def _variant(self, x: np.ndarray, branches: str):
+        """The traced copy for the branches the network takes at ``x``'s shape: read from the cache, else made at
+        that shape, checked against torch there and cached; None where it does not check."""
+        import openvino as ov
+
+        route = f"unrolled-{branches}"
+        path = _cache_path(self._key, x.shape[1], route) if self._key is not None else None
+        try:
+            if path is not None and path.is_file():
+                return functools.partial(_run, self._checked(ov.Core().read_model(str(path)), None))
+            example = torch.zeros(x.shape)
+            model = self._make("unrolled", example)
+            self._made = None
+            request = self._checked(model, tuple(x.shape))
+        except Exception as err:  # noqa: BLE001 - that shape runs with torch, SizeBound says so
+            logger.info("--backend openvino: the traced copy for the branches at %s failed (%s)", tuple(x.shape),
+                        why(err))
+            return None
+        finally:
+            self.reference = None
+        if self._key is not None:
+            self._save(model, int(x.shape[1]), route)
+        return functools.partial(_run, request)
+
+    def _route_record(self, route: str) -> dict:
+        if route != "unrolled" or self.size_bound is None:
+            return {"route": route}
+        return {"route": route, "branches": self.size_bound.first, "shapes": self.size_bound.shapes}
+
+    def _remember(self, shapes: dict[str, str]) -> None:
+        if self._key is None or self.size_bound is None:
+            return
+        record = {"route": "unrolled", "branches": self.size_bound.first, "shapes": shapes}
+        self._records().merge({self._record_key(self._in_channels): record}, "the OpenVINO conversion route")
 
     def _save(self, model, in_channels: int, route: str) -> None:
         import openvino as ov
@@ -290,6 +355,10 @@ def _unchecked_trace(module: torch.nn.Module, example: torch.Tensor):
     except ImportError:  # pragma: no cover - every OpenVINO since 2023.1 has it
         return module
     return TorchScriptPythonDecoder(module, example_input=example, trace_kwargs={"check_trace": False})
+
+
+def _run(request, x: np.ndarray) -> np.ndarray:
+    return next(iter(request.infer({0: x}, share_inputs=True).values()))
 
 
 def _compile(model, precision: str):

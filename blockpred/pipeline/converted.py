@@ -129,6 +129,10 @@ class ConvertedNetwork:
     def _record_key(self, in_channels: int) -> str:
         raise NotImplementedError
 
+    def _route_record(self, route: str) -> dict:
+        """What the routes file keeps of the route that worked."""
+        return {"route": route}
+
     def _infer(self, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
@@ -168,8 +172,8 @@ class ConvertedNetwork:
                             failed[route])
                 continue
             self.route = route
-            if records is not None and record != {"route": route}:
-                records.merge({record_key: {"route": route}}, f"the {self.runtime} conversion route")
+            if records is not None and record != self._route_record(route):
+                records.merge({record_key: self._route_record(route)}, f"the {self.runtime} conversion route")
             return False
         if records is not None:
             records.merge({record_key: {"failed": failed}}, f"the {self.runtime} conversion routes")
@@ -254,7 +258,10 @@ class ConvertedNetwork:
             sample = batch.numpy()
             expected = (expected[0] if isinstance(expected, (tuple, list)) else expected).float().numpy()
             self.reference = (sample, expected)  # the next route's check at this shape runs no torch pass again
-        got = run(sample)
+        try:
+            got = run(sample)
+        except Exception as err:  # noqa: BLE001 - a copy made at another shape may fail at this one
+            raise BackendUnavailable(f"its {self.runtime} network fails at {tuple(shape)} ({why(err)})") from err
         if got.shape != expected.shape:
             raise BackendUnavailable(f"its {self.runtime} output has shape {got.shape}, torch's {expected.shape}")
         diff = float(np.abs(got - expected).max()) / (float(np.ptp(expected)) or 1.0)
