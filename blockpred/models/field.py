@@ -96,8 +96,9 @@ def network_field(module: nn.Module, in_channels: int, key: dict, *, hint: Coord
         try:
             radius = field_radius(module, in_channels, grid, plane_axis=plane_axis)
         except UnboundedField as err:
+            how = f"({err.reason})" if err.reason else f"(inputs up to {err.side} voxels tried)"
             note = (f"unbounded: the output depends on the whole input along {', '.join('zyx'[a] for a in err.axes)} "
-                    f"(inputs up to {err.side} voxels tried); no halo makes blocks equal the whole volume")
+                    f"{how}; no halo makes blocks equal the whole volume")
         except (ValueError, RuntimeError, TypeError) as err:  # a layer that will not run in float64, ...
             text = str(err).strip().splitlines()
             note = f"not measured: {text[0] if text else type(err).__name__}"

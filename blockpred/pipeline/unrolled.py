@@ -202,7 +202,7 @@ def _mean(x: torch.Tensor, dims: int) -> torch.Tensor:
     product over all voxels 200x, one axis at a time the same as torch (8.2e-7 of the output range)."""
     for axis in range(x.dim() - 1, x.dim() - 1 - dims, -1):
         moved = x.transpose(axis, -1)
-        column = torch.ones_like(moved[(0,) * (moved.dim() - 1)]).unsqueeze(-1)
+        column = moved.new_ones((moved.shape[-1], 1))
         x = (torch.matmul(moved, column) / moved.shape[-1]).transpose(axis, -1)
     return x
 
@@ -279,6 +279,9 @@ def unrolled_copy(module: torch.nn.Module, example: torch.Tensor) -> UnrolledCop
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's notes on values it records as constants
         traced = torch.jit.trace(interpreter, example, check_trace=False)
+    # The sizes it reads, once each: the trace records every read (MONAI's BasicUNet: 4541 nodes, 1558 after).
+    torch._C._jit_pass_cse(traced.graph)
+    torch._C._jit_pass_dce(traced.graph)
     decisions = interpreter.decisions
     return UnrolledCopy(traced, frozen, tuple(taken for taken, _ in decisions), any(t for _, t in decisions))
 
