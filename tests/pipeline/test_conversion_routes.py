@@ -48,8 +48,10 @@ CONVERTS = {"loop-list": {"unrolled"}, "monai-basicunet": {"unrolled"}, "monai-u
             "torch-em-unet3d": {"unrolled"}, "cremi-dunet2d": {"direct"}}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(n)) for n in CONVERTS])
-def test_each_scripted_network_converts_by_a_route_and_equals_torch(nets, name):
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(n)) for n in ("loop-list", "cremi-dunet2d")])
+def test_a_network_converts_by_its_route_equals_torch_at_another_batch_and_is_read_back_by_it(nets, name):
+    """The route's network at a second shape, and from the cache (the 3D networks' routes under --backend auto:
+    the test below; a size-bound one at its shapes: the test after it)."""
     module = torch.jit.load(str(scripted.save(name, nets))).eval()
     shape = (2, 1, 48, 64, 80) if name != "cremi-dunet2d" else (2, 1, 256, 320)
     x = torch.rand(shape, generator=torch.Generator().manual_seed(1))
