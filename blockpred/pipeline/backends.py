@@ -170,6 +170,7 @@ class OpenVINONetwork(ConvertedNetwork):
         self._made: UnrolledCopy | None = None  # the traced copy _make made last
         self._bound_record: dict | None = None  # the routes file's record of a size-bound copy read from the cache
         self._in_channels = 0
+        self._variants: list = []  # the infer requests of a size-bound network's other copies
 
     def routes(self) -> tuple[str, ...]:
         """Direct conversion; for a TorchScript network then its traced copy, the ONNX route and TorchScript's
@@ -187,8 +188,9 @@ class OpenVINONetwork(ConvertedNetwork):
     def release_memory(self) -> None:
         """Hand back the buffers OpenVINO keeps for the largest input it ran (after a 276^3 trial, 2.04 GiB
         resident; 0.76 GiB once released and trimmed)."""
-        if self._request is not None:
-            self._request.get_compiled_model().release_memory()
+        for request in (self._request, *self._variants):
+            if request is not None:
+                request.get_compiled_model().release_memory()
 
     def _cached(self, x: torch.Tensor, route: str):
         import openvino as ov
@@ -265,7 +267,9 @@ class OpenVINONetwork(ConvertedNetwork):
         path = _cache_path(self._key, x.shape[1], route) if self._key is not None else None
         try:
             if path is not None and path.is_file():
-                return functools.partial(_run, self._checked(ov.Core().read_model(str(path)), None))
+                request = self._checked(ov.Core().read_model(str(path)), None)
+                self._variants.append(request)
+                return functools.partial(_run, request)
             example = torch.zeros(x.shape)
             model = self._make("unrolled", example)
             self._made = None
@@ -278,6 +282,7 @@ class OpenVINONetwork(ConvertedNetwork):
             self.reference = None
         if self._key is not None:
             self._save(model, int(x.shape[1]), route)
+        self._variants.append(request)
         return functools.partial(_run, request)
 
     def _route_record(self, route: str) -> dict:
