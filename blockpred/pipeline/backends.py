@@ -58,6 +58,7 @@ import torch
 
 from ..cache import JsonFile, default_cache_dir, digest
 from ..errors import InvalidOptionError
+from ..models.receptive import block_normalisations
 from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, scripted, traceable, why
 from .sizebound import SizeBound, branches_key, shape_key
 from .unrolled import UnrolledCopy, lowered_graph, unrolled_copy
@@ -168,8 +169,8 @@ class OpenVINONetwork(ConvertedNetwork):
         #: Where the traced copy took branches on the input's sizes: its copies per branches (:mod:`.sizebound`).
         self.size_bound: SizeBound | None = None
         self._made: UnrolledCopy | None = None  # the traced copy _make made last
-        self._bound_record: dict | None = None  # the routes file's record of a size-bound copy read from the cache
-        self._in_channels = 0
+        # The routes file's record of a size-bound copy read from the cache, and its input channels.
+        self._bound_record: tuple[dict, int] | None = None
         self._variants: list = []  # the infer requests of a size-bound network's other copies
 
     def routes(self) -> tuple[str, ...]:
@@ -178,7 +179,7 @@ class OpenVINONetwork(ConvertedNetwork):
         their statistics as precisely as torch); for another, the ONNX route."""
         if not scripted(self._module):
             return ("direct", "onnx")
-        if _normalises(self._module):  # OpenVINO's fused norm: 7.5e-5 (MONAI's UNet) to 0.0091 (torch-em's) off
+        if block_normalisations(self._module):  # OpenVINO's fused norm: 7.5e-5 (MONAI UNet) to 0.0091 (torch-em) off
             return ("unrolled", "direct", "onnx", "passes")
         return ("direct", "unrolled", "onnx", "passes")
 
@@ -195,7 +196,6 @@ class OpenVINONetwork(ConvertedNetwork):
     def _cached(self, x: torch.Tensor, route: str):
         import openvino as ov
 
-        self._in_channels = int(x.shape[1])
         path = _cache_path(self._key, x.shape[1], route)
         if not path.is_file():
             return None
@@ -205,7 +205,7 @@ class OpenVINONetwork(ConvertedNetwork):
             logger.info("the cached OpenVINO model %s does not read (%s); converting again", path, err)
             return None
         record = self._records().read().get(self._record_key(x.shape[1])) if route == "unrolled" else None
-        self._bound_record = record if isinstance(record, dict) and "branches" in record else None
+        self._bound_record = (record, int(x.shape[1])) if isinstance(record, dict) and "branches" in record else None
         return model
 
     def _make(self, route: str, example: torch.Tensor):
@@ -231,23 +231,23 @@ class OpenVINONetwork(ConvertedNetwork):
             return ov.convert_model(self._made.module, example_input=example, input=dynamic)
 
     def _ready(self, model, check_shape: tuple | None) -> None:
-        self._in_channels = self._in_channels or int(check_shape[1] if check_shape else 0)
         request = self._checked(model, check_shape)
         self._request = request
         self.inference_precision = request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT").to_string()
         made, self._made = self._made, None
-        first = shapes = None
+        first = None
         if made is not None and made.size_bound and check_shape is not None:  # made now, checked at check_shape
-            first = branches_key(made.taken)
+            first, in_channels = branches_key(made.taken), int(check_shape[1])
             shapes = {shape_key(check_shape): first}
         elif check_shape is None and self._bound_record is not None:  # read from the cache
-            first, shapes = self._bound_record["branches"], dict(self._bound_record.get("shapes", {}))
+            record, in_channels = self._bound_record
+            first, shapes = record["branches"], dict(record.get("shapes", {}))
         self.size_bound = None if first is None else SizeBound(
             module=self._module,
             frozen=made.frozen if made is not None else lambda x: traceable(self._module, self.example(
                 torch.from_numpy(x))),
             first=(first, functools.partial(_run, request)), shapes=shapes, make=self._variant,
-            remember=self._remember)
+            remember=functools.partial(self._remember, in_channels))
 
     def _checked(self, model, check_shape: tuple | None):
         """An infer request for ``model``, checked against torch at ``check_shape`` first (None: it was)."""
@@ -265,22 +265,18 @@ class OpenVINONetwork(ConvertedNetwork):
 
         route = f"unrolled-{branches}"
         path = _cache_path(self._key, x.shape[1], route) if self._key is not None else None
+        cached = path is not None and path.is_file()
         try:
-            if path is not None and path.is_file():
-                request = self._checked(ov.Core().read_model(str(path)), None)
-                self._variants.append(request)
-                return functools.partial(_run, request)
-            example = torch.zeros(x.shape)
-            model = self._make("unrolled", example)
+            model = ov.Core().read_model(str(path)) if cached else self._make("unrolled", torch.zeros(x.shape))
             self._made = None
-            request = self._checked(model, tuple(x.shape))
+            request = self._checked(model, None if cached else tuple(x.shape))
         except Exception as err:  # noqa: BLE001 - that shape runs with torch, SizeBound says so
             logger.info("--backend openvino: the traced copy for the branches at %s failed (%s)", tuple(x.shape),
                         why(err))
             return None
         finally:
             self.reference = None
-        if self._key is not None:
+        if self._key is not None and not cached:
             self._save(model, int(x.shape[1]), route)
         self._variants.append(request)
         return functools.partial(_run, request)
@@ -290,11 +286,11 @@ class OpenVINONetwork(ConvertedNetwork):
             return {"route": route}
         return {"route": route, "branches": self.size_bound.first, "shapes": self.size_bound.shapes}
 
-    def _remember(self, shapes: dict[str, str]) -> None:
+    def _remember(self, in_channels: int, shapes: dict[str, str]) -> None:
         if self._key is None or self.size_bound is None:
             return
         record = {"route": "unrolled", "branches": self.size_bound.first, "shapes": shapes}
-        self._records().merge({self._record_key(self._in_channels): record}, "the OpenVINO conversion route")
+        self._records().merge({self._record_key(in_channels): record}, "the OpenVINO conversion route")
 
     def _save(self, model, in_channels: int, route: str) -> None:
         import openvino as ov
@@ -365,12 +361,6 @@ def _unchecked_trace(module: torch.nn.Module, example: torch.Tensor):
     except ImportError:  # pragma: no cover - every OpenVINO since 2023.1 has it
         return module
     return TorchScriptPythonDecoder(module, example_input=example, trace_kwargs={"check_trace": False})
-
-
-def _normalises(module: torch.nn.Module) -> bool:
-    """Whether ``module`` holds an instance or group norm (TorchScript's keep their class's name)."""
-    return any((getattr(sub, "original_name", None) or type(sub).__name__).startswith(("InstanceNorm", "GroupNorm"))
-               for sub in module.modules())
 
 
 def _run(request, x: np.ndarray) -> np.ndarray:

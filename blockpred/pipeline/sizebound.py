@@ -59,8 +59,9 @@ class SizeBound:
                  make: Callable[[np.ndarray, str], Runner | None], remember: Callable[[dict[str, str]], None]):
         self._module = module
         self._frozen = frozen
-        self._runners: dict[str, Runner] = {first[0]: first[1]}
+        self._runners: dict[str, Runner] = {first[0]: first[1]}  # by branches
         self._shapes = dict(shapes)
+        self._by_shape: dict[str, Runner] = {}  # each shape run so far, its runner
         self._make = make
         self._remember = remember
         self._lock = threading.Lock()
@@ -72,7 +73,7 @@ class SizeBound:
         return dict(self._shapes)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        runner = self._runners.get(self._shapes.get(shape_key(x.shape), ""))
+        runner = self._by_shape.get(shape_key(x.shape))
         if runner is None:
             with self._lock:
                 runner = self._runner(x)
@@ -89,19 +90,19 @@ class SizeBound:
             except Exception as err:  # noqa: BLE001 - an operation without a meta kernel: torch at this shape
                 logger.warning("the branches the network takes at an input of %s are not known (%s): running "
                                "torch at that shape", key, err)
-                self._shapes[key] = found = f"torch {key}"
-                self._runners[found] = self._torch
-            else:
-                self._shapes[key] = found
+                self._by_shape[key] = self._torch  # not remembered: a later run looks again
+                return self._torch
+            self._shapes[key] = found
             self._remember(dict(self._shapes))
         if found not in self._runners:
-            made = self._make(x, found) if not found.startswith("torch ") else None
+            made = self._make(x, found)
             if made is None:
                 logger.warning("the network takes other branches at an input of %s than its converted copy, and "
                                "the copy made for them does not equal torch: running torch at that shape", key)
                 made = self._torch
             self._runners[found] = made
-        return self._runners[found]
+        self._by_shape[key] = self._runners[found]
+        return self._by_shape[key]
 
     def _torch(self, x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
