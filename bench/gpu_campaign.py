@@ -20,6 +20,10 @@ fp32 prediction of the peers' region first, then each peer in a process of its o
 script, beside its in-process time), each compared with that reference.
 
     python3 bench/gpu_campaign.py --budget 540 --parts env,cremi,unet32,peers,seed,blocks,gputests,suite
+
+On the lent machine: the wheels of ``bash ../shared/tools/device-wheels.sh monai==1.6.1 torch-em==0.10.9
+bioimage-cpp==0.10.0`` and a copy of ``../shared/realdata`` (ignored, as ``.realdata``) travel with the tree; the
+command installs the wheels and copies ``.realdata`` to ``../shared/realdata`` before this script.
 """
 
 from __future__ import annotations
@@ -334,8 +338,10 @@ def part_blocks(c: Campaign) -> None:
 
 
 def part_gputests(c: Campaign) -> None:
-    c.step("pytest -m gpu", [PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs",
-                             "--tb=short", "tests"], 120, need=40)
+    # A GPU machine lacks some test-only packages (ome-zarr-models, neuroglancer): their files fail to collect, and
+    # hold no GPU test.  The real data the exactness test reads must lie at ../shared/realdata there.
+    c.step("pytest -m gpu", [PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs", "-s",
+                             "--continue-on-collection-errors", "--tb=short", "tests"], 120, need=40)
 
 
 def part_suite(c: Campaign) -> None:
