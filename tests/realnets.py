@@ -179,15 +179,12 @@ class PadsOddSizes(nn.Module):
         self.up = nn.Upsample(scale_factor=4, mode="nearest")
         self.head = nn.Conv3d(4, 1, 1)
 
-    def forward(self, x):
-        size = x.shape[2:]
-        pad = []
-        for s in reversed(size):
-            pad += [0, (-s) % 4]
-        x = nn.functional.pad(x, pad)
+    def forward(self, x):  # as torch.jit.script takes it too
+        z, y, w = x.shape[2], x.shape[3], x.shape[4]
+        x = nn.functional.pad(x, [0, (-w) % 4, 0, (-y) % 4, 0, (-z) % 4])
         e = self.conv(x)
-        y = self.head(torch.cat([e, self.up(self.mid(self.pool(e)))], 1))
-        return y[..., :size[0], :size[1], :size[2]]
+        out = self.head(torch.cat([e, self.up(self.mid(self.pool(e)))], 1))
+        return out[:, :, :z, :y, :w]
 
 
 def pads_odd_sizes() -> nn.Module:

@@ -11,13 +11,14 @@ and reads off:
   at the base), 0 for a 'same' one;
 * the **downsampling** per axis: the step between input sizes it takes.  Two
   views of one fact are combined.  Its layers' outputs (forward hooks on an
-  ``nn.Module``; TorchScript has none) show the coarsest feature map: a base
+  ``nn.Module``; a TorchScript network's graph run node by node, see
+  :mod:`.scriptgraph`) show the coarsest feature map: a base
   of 64 whose deepest map is 8 says 8.  The sizes it takes say the same for
   a network that concatenates its skip connections (67 fails where 64 and 72
   run), but not for one that pads odd sizes itself (MONAI's ``BasicUNet``),
   which takes any size yet is shift-equivariant only by its pooling.  So the
   hooks' step is checked by a dry run at base + step, and where there is no
-  hook (TorchScript) or the check fails, the step is the smallest ``k`` such
+  such view (a graph the interpreter cannot run) or the check fails, the step is the smallest ``k`` such
   that base + ``k`` runs, ``k`` = 1, 2, ... up to :data:`MAX_STEP`;
 * the **smallest** input per axis (the base shrunk by steps, bisected): the
   sizes a network takes are ``min + k * step``.
@@ -42,9 +43,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, is_out_of_memory
 from ..geometry import Coord
-from ..errors import is_out_of_memory
+from .scriptgraph import feature_sizes, scripted
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class Grid:
     #: Dry runs made and the seconds they took.
     dry_runs: int = 0
     seconds: float = 0.0
-    #: How the downsampling was found, per axis ("hooks", "sizes", "named", "planes").
+    #: How the downsampling was found, per axis ("hooks", "graph", "sizes", "named", "planes").
     how: tuple[str, ...] = field(default=())
 
     @property
@@ -106,15 +107,20 @@ class _DryRuns:
         self.device = params.device if params is not None else torch.device("cpu")
         self.dtype = params.dtype if params is not None and params.is_floating_point() else torch.float32
         self._feature_sizes: list[tuple[int, ...]] | None = None
+        #: Where the feature sizes came from: forward hooks, or the TorchScript graph run node by node.
+        self.view = "hooks"
 
     def __call__(self, shape: Coord, record: bool = False) -> Coord | None:
-        """The output's spatial shape for input ``shape``; None when the network refuses it."""
+        """The output's spatial shape for input ``shape``; None when the network refuses it.  ``record``: the
+        layers' output shapes too (hooks, or the TorchScript graph run node by node: :meth:`_watch`)."""
         handles = self._hook() if record else []
         started = time.perf_counter()
         try:
             with torch.no_grad():
                 x = torch.zeros((1, self.in_channels, *shape), device=self.device, dtype=self.dtype)
                 y = _first_tensor(self.module(x))
+            if record and not self._feature_sizes:
+                self._watch(x)
         except Exception as err:  # noqa: BLE001 - a refused shape is an answer; out of memory is not
             if is_out_of_memory(err):
                 raise ModelLoadError(
@@ -162,6 +168,23 @@ class _DryRuns:
             except (RuntimeError, NotImplementedError):
                 continue
         return handles
+
+    def _watch(self, x: torch.Tensor) -> None:
+        """The shapes of a TorchScript network's maps at ``x``, which no hook sees: its frozen graph run node by
+        node (:func:`.scriptgraph.feature_sizes`, two passes).  So its pooling is read as an ``nn.Module``'s is,
+        where a search of sizes took up to 48 dry runs (torch-em's UNet3d: 2.9 s) and found 1 for a network
+        that pads odd sizes itself (MONAI's BasicUNet).  A graph the interpreter cannot run leaves the search."""
+        inner = getattr(self.module, "network", None) if self.plane_axis is not None else self.module
+        if inner is None or not scripted(inner):
+            return
+        if self.plane_axis is not None:  # the 2D network sees one plane: (1, channels, rows, columns)
+            x = x.movedim(2 + self.plane_axis, 2)[:, :, 0]
+        try:
+            self._feature_sizes, self.view = feature_sizes(inner, x), "graph"
+        except Exception as err:  # noqa: BLE001 - an operation the interpreter lacks: the sizes are searched
+            logger.debug("the network's graph did not run node by node (%s): its sizes are searched", err)
+        finally:
+            self.count += 2
 
     def coarsest(self, base: Coord) -> Coord | None:
         """The base over the smallest feature map the hooks saw, per axis (None: no hook, or no clean ratio).
@@ -217,7 +240,8 @@ def find_grid(module: nn.Module, in_channels: int, *, hint: Coord | None = None,
             steps.append(hint[axis])
             how.append("named")
         else:
-            step, found = _step(runs, base, output, axis, hint[axis], None if coarse is None else coarse[axis])
+            step, found = _step(runs, base, output, axis, hint[axis], None if coarse is None else coarse[axis],
+                                runs.view)
             steps.append(step)
             how.append(found)
     downsampling = Coord(steps)
@@ -259,12 +283,13 @@ def _takes(runs: _DryRuns, base: Coord, output: Coord, axis: int, size: int) -> 
     return out is not None and out == _with(output, axis, size - (base[axis] - output[axis]))
 
 
-def _step(runs: _DryRuns, base: Coord, output: Coord, axis: int, hint: int, coarse: int | None) -> tuple[int, str]:
-    """The downsampling along ``axis``: the hooks' (with the hint) where base + it runs, else the smallest
-    size step that runs."""
+def _step(runs: _DryRuns, base: Coord, output: Coord, axis: int, hint: int, coarse: int | None,
+          view: str = "hooks") -> tuple[int, str]:
+    """The downsampling along ``axis``: the layers' (``view``: "hooks" or "graph"; with the hint) where base + it
+    runs, else the smallest size step that runs."""
     candidates = []
     if coarse is not None and coarse > 1:
-        candidates.append((math.lcm(coarse, hint), "hooks"))
+        candidates.append((math.lcm(coarse, hint), view))
     if hint > 1:
         candidates.append((hint, "hint"))
     for step, how in candidates:

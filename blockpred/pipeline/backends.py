@@ -59,7 +59,8 @@ import torch
 from ..cache import JsonFile, default_cache_dir, digest
 from ..errors import InvalidOptionError
 from ..models.receptive import block_normalisations
-from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, scripted, traceable, why
+from ..models.scriptgraph import scripted, traceable
+from .converted import TOLERANCE, BackendUnavailable, ConvertedNetwork, why
 from .sizebound import SizeBound, branches_key, shape_key
 from .unrolled import UnrolledCopy, lowered_graph, unrolled_copy
 

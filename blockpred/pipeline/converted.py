@@ -8,7 +8,7 @@ torch where it cannot be (:class:`ConvertedNetwork`; OpenVINO's in :mod:`.backen
   ``torch_only = True`` (its forward does what a trace cannot see).
 * **Converted** with torch's autocast off (a trace under autocast records its casts, and the check's
   reference is torch at fp32), a TorchScript module traced through a plain call and frozen first
-  (:func:`traceable`: its branches on the input's rank become constants).
+  (:func:`~blockpred.models.scriptgraph.traceable`: its branches on the input's rank become constants).
 * **Checked** on a seeded random batch of the first batch's shape (or on one torch already ran at that shape,
   with its output: :attr:`ConvertedNetwork.reference`, the measured defaults' timed pass): at most
   :data:`TOLERANCE` of torch's output range at any voxel (:meth:`ConvertedNetwork.check`).
@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -27,7 +26,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "scripted", "traceable", "why"]
+__all__ = ["TOLERANCE", "BackendUnavailable", "ConvertedNetwork", "why"]
 
 #: A converted network's fp32 output may differ from torch's by this share of torch's output range at any voxel.
 TOLERANCE = 1e-5
@@ -287,30 +286,3 @@ def why(err: BaseException) -> str:
 def _no_route(failed: dict, names: dict) -> str:
     return "no route converts it (" + "; ".join(f"{names.get(route, route)}: {reason}"
                                                 for route, reason in failed.items()) + ")"
-
-
-class _Call(torch.nn.Module):
-    """``module(x)`` as a plain module, so that a trace goes through a TorchScript module's code."""
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, x):
-        return self.module(x)
-
-
-def scripted(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is or holds a TorchScript module."""
-    return any(isinstance(m, torch.jit.ScriptModule) for m in module.modules())
-
-
-def traceable(module: torch.nn.Module, example: torch.Tensor) -> torch.nn.Module:
-    """``module`` as a converter takes it: a TorchScript module (or one that holds one) traced through a plain
-    call at ``example`` and frozen, so that its branches on the input's rank (F.interpolate's) become constants;
-    any other as it is."""
-    if not scripted(module):
-        return module
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tracer's notes on shape checks it records as constants
-        return torch.jit.freeze(torch.jit.trace(_Call(module).eval(), example, check_trace=False).eval())

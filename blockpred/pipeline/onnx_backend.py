@@ -37,7 +37,8 @@ import torch
 
 from ..cache import default_cache_dir, digest
 from ..errors import InvalidOptionError
-from .converted import ConvertedNetwork, traceable
+from ..models.scriptgraph import traceable
+from .converted import ConvertedNetwork
 
 logger = logging.getLogger(__name__)
 

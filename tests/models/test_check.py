@@ -119,7 +119,7 @@ def test_the_check_model_command_reproduces_a_package_and_says_what_it_finds_of_
     assert out[1].startswith("receptive field: measured by `run` and `plan`")
     assert main(["check-model", str(setup["scripted"]), "--plane", "yx"]) == 0
     lines = {line[:10].strip(): line[10:] for line in capsys.readouterr().out.splitlines()[1:]}
-    assert lines["network"].startswith("2D on yx planes, 1 input channel(s); downsampling 1x2x2 (planes/sizes/sizes)")
+    assert lines["network"].startswith("2D on yx planes, 1 input channel(s); downsampling 1x2x2 (planes/graph/graph)")
     assert " from the receptive field (receptive field radius 0x" in lines["halo"] and "covered" in lines["halo"]
     bad = altered(setup, tmp_path, "bad", lambda output: output + 0.5)
     assert main(["check-model", str(bad)]) == 2
