@@ -27,6 +27,7 @@ from tests.helpers import child_env, write_test_volume
 
 NOTED = "blockpred: stopping after the blocks in flight; Ctrl-C again to stop now"
 INTERRUPTED = "blockpred: interrupted; finished blocks are kept: run the same command again to resume"
+STOPPED_NOW = "blockpred: interrupted; stopped now; finished blocks are kept: run the same command again to resume"
 #: Seconds a test waits for what must come (a bound against a hang, not a measure).
 PATIENCE_S = 180
 
@@ -166,7 +167,10 @@ def test_ctrl_c_delivered_to_a_thread_other_than_main_is_said_at_once_and_a_seco
         assert run.finish() == 130, run.said  # with the gate closed
     finally:
         run.close()
-    assert run.said.count(NOTED) == 1 and run.said[-1] == INTERRUPTED, run.said
+    # The orderly stop's line, or, where the second KeyboardInterrupt landed inside threading's own code and left a
+    # lock its cleanup waits for (once in a loaded suite run of 2026-11-28), the line of the stop after the grace
+    # (blockpred.process.STOP_NOW_GRACE_S): either way the run ends, exit 130, one line that says how to resume.
+    assert run.said.count(NOTED) == 1 and run.said[-1] in (INTERRUPTED, STOPPED_NOW), run.said
     assert not any("Traceback" in line for line in run.said), run.said
 
 

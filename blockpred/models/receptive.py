@@ -31,10 +31,12 @@ input long along that axis and as thin as the network takes on the others
 (the reach along an axis does not depend on the extent of the others), one
 backward pass per pooling phase of that axis, in float32 with the gradient
 scaled far from underflow (float64 where it still comes near).  A TorchScript
-network's max pooling cannot be swapped: its gradient is taken at a random
-input and at two ramps along the axis, rising and falling (with positive
-weights every window's maximum then sits at its far, then its near end: the
-field's two extremes), and the supports united.  A field that still reaches the border of the
+network's max pooling cannot be swapped in its code: its frozen graph is run
+node by node (:mod:`.scriptgraph`), each max pooling an average pooling, and
+measured as a module is.  Where the graph does not run so, its gradient is taken
+at a random input and at two ramps along the axis, rising and falling (with
+positive weights every window's maximum then sits at its far, then its near
+end: the field's two extremes), and the supports united.  A field that still reaches the border of the
 longest input tried (:data:`MAX_SIDE`) is :class:`UnboundedField`: the
 network sees the whole input (instance or group normalisation, global
 pooling, attention), and no halo makes blocks equal the whole volume.  Layers
@@ -54,6 +56,7 @@ import torch
 from torch import nn
 
 from ..geometry import Coord, CoordLike, as_coord
+from .scriptgraph import GraphInterpreter
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +141,23 @@ def _field_radius(module: nn.Module, in_channels: int, grid, plane_axis: int | N
         raise UnboundedField([a for a in range(3) if a != plane_axis], 0,
                              f"its {', '.join(kept)} normalises over the whole input inside TorchScript code, "
                              f"which the measurement cannot take out")
+    graphs = _graph_probe(probe)
+    if graphs is not None:  # its TorchScript run node by node, max pooling averaged: measured as an nn.Module
+        try:
+            radius = _axes_radius(graphs, probe_channels, grid, plane_axis, seed, max_side, 1, dtype)
+            logger.debug("receptive field: its TorchScript run node by node, max pooling averaged")
+            return radius
+        except (_Faint, UnboundedField):
+            raise
+        except Exception as err:  # noqa: BLE001 - an operation the interpreter lacks: measured as TorchScript
+            logger.debug("receptive field: the network's graph did not run node by node (%s)", err)
     scripted = any(isinstance(m, torch.jit.ScriptModule) for m in probe.modules())
-    inputs = SCRIPTED_INPUTS if scripted else 1
+    return _axes_radius(probe, probe_channels, grid, plane_axis, seed, max_side,
+                        SCRIPTED_INPUTS if scripted else 1, dtype)
+
+
+def _axes_radius(probe: nn.Module, probe_channels: int, grid, plane_axis: int | None, seed: int, max_side: int,
+                 inputs: int, dtype: torch.dtype) -> Coord:
     radius, unbounded = [0, 0, 0], []
     for axis in range(3):
         if axis == plane_axis:
@@ -164,8 +182,52 @@ def _field_radius(module: nn.Module, in_channels: int, grid, plane_axis: int | N
             side = _taken(grid, axis, min(2 * side, max_side))
     if unbounded:
         raise UnboundedField(unbounded, max_side)
-    logger.debug("receptive radius of %s: %s", type(module).__name__, tuple(radius))
+    logger.debug("receptive radius of %s: %s", type(probe).__name__, tuple(radius))
     return Coord(radius)
+
+
+class _AveragePooled(GraphInterpreter):
+    """A frozen TorchScript network run node by node, each max pooling an average pooling of the same window:
+    the swap :func:`_structural_copy` makes in an ``nn.Module``, which TorchScript code does not let it make."""
+
+    def _special(self, kind: str, args: list):
+        average = _MAX_TO_AVG_OP.get(kind)
+        if average is None:
+            return NotImplemented
+        x, kernel, stride, padding, dilation, ceil_mode = args
+        if set(dilation) != {1}:
+            raise ValueError(f"cannot measure a network with dilated max pooling ({kind}, dilation {dilation})")
+        return average(x, kernel, stride, padding, ceil_mode, True)
+
+
+_MAX_TO_AVG_OP = {"aten::max_pool1d": torch.ops.aten.avg_pool1d, "aten::max_pool2d": torch.ops.aten.avg_pool2d,
+                  "aten::max_pool3d": torch.ops.aten.avg_pool3d}
+
+
+def _graph_probe(probe: nn.Module) -> nn.Module | None:
+    """``probe`` with each TorchScript module in it (itself too) run by :class:`_AveragePooled` on its frozen
+    graph, or None where it holds none, or one that does not freeze or takes more than one input.  No trace:
+    the Python code around the TorchScript stays Python, and each graph keeps its branches and loops."""
+    def graph(script: torch.jit.ScriptModule) -> nn.Module:
+        frozen = torch.jit.freeze(script.eval())
+        if len(list(frozen.graph.inputs())) != 2:
+            raise ValueError("its forward takes more than one input")
+        return _AveragePooled(frozen)
+
+    if not any(isinstance(m, torch.jit.ScriptModule) for m in probe.modules()):
+        return None
+    try:
+        if isinstance(probe, torch.jit.ScriptModule):
+            return graph(probe)
+        probe = copy.deepcopy(probe)  # the original stays for the measurement as TorchScript
+        swaps = [(parent, name, child) for parent in probe.modules() if not isinstance(parent, torch.jit.ScriptModule)
+                 for name, child in parent.named_children() if isinstance(child, torch.jit.ScriptModule)]
+        for parent, name, child in swaps:
+            setattr(parent, name, graph(child))
+    except Exception as err:  # noqa: BLE001 - measured as TorchScript, max pooling kept
+        logger.debug("receptive field: the network's TorchScript does not run node by node (%s)", err)
+        return None
+    return probe
 
 
 def _taken(grid, axis: int, at_least: int) -> int:

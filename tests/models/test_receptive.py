@@ -8,6 +8,7 @@ from torch import nn
 
 from blockpred.geometry import Box, Coord
 from blockpred.models.presets import PRESETS
+from blockpred.models import receptive
 from blockpred.models.discover import find_grid
 from blockpred.models.receptive import field_radius, receptive_radius
 from blockpred.models.unet import UNet3d
@@ -112,13 +113,19 @@ def test_a_halo_of_the_measured_radius_makes_blocks_match_the_whole_volume_and_a
 # ------------------------------------------------------------------ field_radius: float32, faint fields, TorchScript
 
 
-def test_a_scripted_unets_max_pooling_is_measured_to_the_whole_field_of_the_module_it_was_scripted_from():
-    # A scripted network keeps its max pooling (its gradient reaches one voxel per window): the ramps along the
-    # axis reach both ends of every window, so the field equals the one measured with average pooling.
+def test_a_scripted_unets_max_pooling_is_measured_to_the_whole_field_of_the_module_it_was_scripted_from(
+        caplog, monkeypatch):
+    # A scripted network keeps its max pooling in its code (its gradient reaches one voxel per window).  Its graph
+    # run node by node averages each pooling, as the module's copy does; where the graph does not run so, the
+    # ramps along the axis reach both ends of every window.  Both give the module's field.
     net = UNet3d(in_channels=1, out_channels=2, depth=3, initial_features=2).eval()
     scripted = torch.jit.script(net)
     grid = find_grid(net, 1)
-    assert field_radius(scripted, 1, grid) == field_radius(net, 1, grid) == Coord((51, 51, 51))
+    with caplog.at_level(logging.DEBUG, logger="blockpred.models.receptive"):
+        by_graph = field_radius(scripted, 1, grid)
+    assert "run node by node, max pooling averaged" in caplog.text
+    monkeypatch.setattr(receptive, "_graph_probe", lambda probe: None)  # as where the graph does not run
+    assert by_graph == field_radius(scripted, 1, grid) == field_radius(net, 1, grid) == Coord((51, 51, 51))
 
 
 def test_a_dependence_too_faint_for_float32_is_measured_in_float64(caplog):
