@@ -254,7 +254,27 @@ def one_line(err: BaseException) -> str:
         reason, fix = os_reason(err)
         return f"{reason}; {fix}"
     text = str(err).split("\n", 1)[0]
-    return f"{type(err).__name__}: {text} (an unexpected error: run again with --debug for its traceback, and report it)"
+    where = _raised_at(err)
+    return (f"{type(err).__name__}: {text} (an unexpected error{f', raised at {where}' if where else ''}: run again "
+            f"with --debug for its traceback, and report it)")
+
+
+def _raised_at(err: BaseException) -> str:
+    """The file (from its package on) and line an error was raised at, from its traceback (a dask worker's too:
+    its error comes back with its frames): a rare error that does not come again still says where it was."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ is not None else []
+    if not frames:
+        return ""
+    path = frames[-1].filename.replace("\\", "/")
+    for marker in ("/site-packages/", "/blockpred/"):
+        if marker in path:
+            path = ("blockpred/" if marker == "/blockpred/" else "") + path.rsplit(marker, 1)[1]
+            break
+    else:
+        path = "/".join(path.split("/")[-2:])  # the standard library's: json/decoder.py
+    return f"{path}:{frames[-1].lineno}"
 
 
 #: Messages of allocation failures that are not :class:`torch.OutOfMemoryError`.

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from blockpred.geometry import Box, Coord
-from blockpred.models.presets import PRESETS
 from blockpred.models import receptive
 from blockpred.models.discover import find_grid
+from blockpred.models.presets import PRESETS
 from blockpred.models.receptive import field_radius, receptive_radius
 from blockpred.models.unet import UNet3d
 
