@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from ..geometry import Coord, CoordLike, as_coord
-from .scriptgraph import GraphInterpreter
+from .scriptgraph import GraphInterpreter, scripted
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +151,8 @@ def _field_radius(module: nn.Module, in_channels: int, grid, plane_axis: int | N
             raise
         except Exception as err:  # noqa: BLE001 - an operation the interpreter lacks: measured as TorchScript
             logger.debug("receptive field: the network's graph did not run node by node (%s)", err)
-    scripted = any(isinstance(m, torch.jit.ScriptModule) for m in probe.modules())
     return _axes_radius(probe, probe_channels, grid, plane_axis, seed, max_side,
-                        SCRIPTED_INPUTS if scripted else 1, dtype)
+                        SCRIPTED_INPUTS if scripted(probe) else 1, dtype)
 
 
 def _axes_radius(probe: nn.Module, probe_channels: int, grid, plane_axis: int | None, seed: int, max_side: int,
@@ -214,7 +213,7 @@ def _graph_probe(probe: nn.Module) -> nn.Module | None:
             raise ValueError("its forward takes more than one input")
         return _AveragePooled(frozen)
 
-    if not any(isinstance(m, torch.jit.ScriptModule) for m in probe.modules()):
+    if not scripted(probe):
         return None
     try:
         if isinstance(probe, torch.jit.ScriptModule):

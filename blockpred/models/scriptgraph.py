@@ -4,9 +4,9 @@
 hooks.  :class:`GraphInterpreter` runs the frozen graph (:func:`traceable`) one node at a time: every ``aten`` and
 ``prim`` operation through ``torch.ops`` at the overload the graph names, lists, tuples, loops and branches in
 Python.  So the network can be traced through (:mod:`blockpred.pipeline.unrolled`: straight-line copies for
-converters), run on the meta device for its shapes alone, and watched: :func:`feature_sizes` gives the spatial
-shapes of the maps it computes, which the grid's dry runs read where they would read hooks
-(:mod:`.discover`).
+converters), run on the meta device for its shapes alone, watched (:func:`feature_sizes`: the spatial shapes of
+the maps it computes, which the grid's dry runs read where they would read hooks, :mod:`.discover`), and run with
+an operation swapped (its max pooling averaged for the receptive field, :mod:`.receptive`).
 """
 
 from __future__ import annotations
