@@ -71,6 +71,9 @@ __all__ = ["TOLERANCE", "BackendUnavailable", "OpenVINONetwork", "make_backend",
 
 #: Bumped when the cached conversions change meaning.
 CACHE_VERSION = 1
+#: Bumped when the traced copy records a network another way (its cached files are made again; each version
+#: computes the network: 2 sums a norm by adaptive pooling, 1 did by products with a column of ones).
+COPY_VERSION = 2
 
 
 def resolve_device(name: str) -> torch.device:
@@ -385,4 +388,6 @@ def _cache_path(key: dict, in_channels: int, route: str) -> Path:
             "openvino": ov.__version__}
     if route not in ("", "direct"):  # the direct route's files keep the names they had
         full["route"] = route
+    if route.startswith("unrolled"):  # a size-bound network's copies too ("unrolled-<branches>")
+        full["copy"] = COPY_VERSION
     return default_cache_dir() / "openvino" / f"{digest(full)}.xml"
