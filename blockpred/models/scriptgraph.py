@@ -138,6 +138,9 @@ class GraphInterpreter(torch.nn.Module):
             x, dim, start, end, step = args
             end = None if isinstance(end, int) and end >= 2 ** 62 else end
             return x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)]
+        if kind == "aten::slice" and isinstance(args[0], list):  # a list's items, traced sizes among them
+            items, start, end, step = args
+            return items[start:None if isinstance(end, int) and end >= 2 ** 62 else end:step]
         if kind == "aten::size":  # through the tensor's method, which a trace records (sizes stay dynamic)
             return list(args[0].shape) if len(args) == 1 else args[0].shape[args[1]]
         plain = _PLAIN.get(kind)
