@@ -14,10 +14,11 @@ torch-em UNet3d    1.42-1.76          1.22-1.28
 loop-list U-Net    0.95-1.03          0.93-1.03
 =================  =================  ===============
 
-The first three were as far from torch either way at 1 x 64x112x96 (the same to three digits).  :class:`StaticShapes` compiles the
-model for each shape it meets (0.1-0.3 s on those networks) and keeps the last one only: a run's blocks all
-have one input shape, and a trial's shape is dropped when the next comes, its buffers with it.  Where a
-model does not take a static shape (a reshape or compile that fails), the dynamic model runs, compiled once.
+The first three were as far from torch either way at 1 x 64x112x96 (the same to three digits).
+:class:`StaticShapes` compiles the model for each shape it meets (0.1-0.3 s on those networks) and keeps the last
+one only: a run's blocks all have one input shape, and a trial's shape is dropped when the next comes, its
+buffers with it.  Where a model does not take a static shape (a reshape or compile that fails), the dynamic model
+runs, compiled once.
 """
 
 from __future__ import annotations

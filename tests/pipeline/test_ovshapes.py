@@ -68,7 +68,8 @@ def test_a_model_that_does_not_compile_for_one_shape_runs_dynamic_for_every_shap
     runner = StaticShapes(_dynamic_model(net), refuse_static)
     with caplog.at_level("INFO", logger="blockpred"):
         _same_as_torch(net, runner)
-    assert compiled == [[False, True, False, False, False]], compiled  # the dynamic model (channels fixed), compiled once
+    # The dynamic model (its channels fixed), compiled once.
+    assert compiled == [[False, True, False, False, False]], compiled
     assert [r.getMessage() for r in caplog.records if "does not compile" in r.getMessage()] == [(
         "OpenVINO: the model does not compile for input 1x1x16x24x32 alone (no static shapes here); it runs with "
         "its shapes dynamic")]
