@@ -406,7 +406,7 @@ def _confirm_guess(p: Prepared, summary: PredictionSummary) -> None:
         return
     seconds = stats.fastest_pass_s.get(p.layout.batch_size)
     if seconds:
-        confirm_guess(sizing, seconds, p.layout.batch_size)
+        confirm_guess(sizing, seconds, p.layout.batch_size, passes=-(-stats.num_blocks // p.layout.batch_size))
 
 
 def _execute(cfg: RunConfig, job: Job, predictor: Predictor, model_name: str, source: str, target: str,

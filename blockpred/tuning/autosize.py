@@ -51,10 +51,14 @@ from ..errors import InvalidOptionError
 from ..geometry import Coord
 from ..pipeline import Predictor, is_out_of_memory
 from .hostbudget import HostBudget, HostMeter, Measured
+from .picking import guessed_instead, pick
 from .sizecache import CachedSizes, SizeCache, cache_key, confirm_guess, device_key, merge_trials
 from .sizing import (
     FAILED,
+    GPU_GUESSING,
+    NO_GUESSING,
     OVER_BUDGET,
+    Guessing,
     SizeChoice,
     SizeProblem,
     Trial,
@@ -62,13 +66,14 @@ from .sizing import (
     foreseen_saving_s,
     model_key,
     probe_block,
+    guessing,
     quick_trial_passes,
-    untimed_growth,
 )
 
-__all__ = ["SizeCache", "SizeChoice", "SizeProblem", "Trial", "choose_sizes", "device_key",
-           "foreseen_batch_saving_s", "foreseen_saving_s", "model_key", "pick", "probe_block",
-           "confirm_guess", "quick_trial_passes", "recheck", "recheck_due", "search", "trial_runner", "untimed_growth"]
+__all__ = ["GPU_GUESSING", "NO_GUESSING", "Guessing", "SizeCache", "SizeChoice", "SizeProblem", "Trial",
+           "choose_sizes", "confirm_guess", "device_key", "foreseen_batch_saving_s", "foreseen_saving_s", "guessing",
+           "model_key", "pick", "probe_block", "quick_trial_passes", "recheck", "recheck_due", "search",
+           "trial_runner"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +174,9 @@ def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass_s: float = 4.0,
            max_total_s: float = 60.0, blocks_for_batch: int = 3, coarse: bool = False,
-           known: tuple[Trial, ...] = (), untimed: bool = True, growth: float = math.inf, trial_passes: int = 2,
-           cold_s: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> SizeChoice:
+           known: tuple[Trial, ...] = (), guess: Guessing = GPU_GUESSING, trial_passes: int = 2,
+           cold_s: float = 0.0, holds: Callable[[Coord], bool] | None = None,
+           clock: Callable[[], float] = time.perf_counter) -> SizeChoice:
     """The search of the module docstring over ``run(block, batch) -> Trial``.
 
     No trial starts that would end after ``max_total_s`` (its time is
@@ -179,8 +185,9 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     ``coarse``: the candidates of :meth:`SizeProblem.candidates` with ``coarse``; no larger block is
     tried whose trial would cost more than it is foreseen to save over the region
     (:func:`foreseen_saving_s`): the measured defaults' search pays off in the run that measures.
-    With ``untimed``, a larger one chosen untimed where it should pay, its input at most ``growth`` times the
-    largest timed (see :func:`pick`).
+    A ``coarse`` search takes a larger block untimed as ``guess`` says (:func:`pick`, ``holds`` as there), and
+    times no block it could so take whose trial would cost more than ``guess.trial_share`` of the run (nor a
+    batch after it: the run's own passes time the guess, :func:`blockpred.tuning.sizecache.confirm_guess`).
     ``known``: trials already run (the caller timed them, or an earlier search cut short by its
     time): taken as they are, not run again; a known pass foresees a trial of ``trial_passes``
     passes and ``cold_s`` more (on CUDA a new shape's first pass costs that much beyond a warm one).
@@ -193,7 +200,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
     trials: list[Trial] = []
     started = clock()
     last: list[tuple[float, float]] = []  # (voxels of a pass, seconds the trial took), of the last trial
-    cut_short, ran = False, []
+    cut_short, ran, guessed = False, [], False
     already = {(t.block, t.batch_size): t for t in known}
 
     def foreseen_s(block: Coord, batch_size: int) -> float:
@@ -236,6 +243,9 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
                 break  # a larger block would only be slower per pass, or the time is spent: enough
             if coarse and foreseen_saving_s(problem, trials, block) < foreseen_s(block, batch):
                 break  # the trial would cost more than the block may save in this run
+            guessed = coarse and guessed_instead(problem, trials, block, guess, foreseen_s(block, batch), holds)
+            if guessed:
+                break  # taken untimed, or a larger guess: its trial would cost more than it may tell
             trial = attempt(block, batch)
             if trial.failed:
                 continue  # this shape only: a larger block may run
@@ -262,7 +272,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
             f"was {smallest.outcome}; free device memory, use --precision bf16, or a smaller network"
             + ("; on the CPU --memory-limit sets the budget" if smallest.outcome == OVER_BUDGET else "")
         )
-    if problem.fixed_batch is None:
+    if problem.fixed_batch is None and not guessed:
         for block in _blocks_to_batch(problem, fitting, blocks_for_batch, coarse):
             best = max(score(t) for t in fitting if t.block == block)
             blocks_in_region = problem.blocks_over_region(block).prod()
@@ -277,7 +287,7 @@ def search(problem: SizeProblem, run: Callable[[Coord, int], Trial], *, max_pass
                     break  # does not fit, or a bigger batch no longer pays
                 best = score(trial)
                 batch_size *= 2
-    return replace(pick(problem, trials, extrapolate=coarse and untimed, growth=growth),
+    return replace(pick(problem, trials, extrapolate=coarse, guess=guess, holds=holds),
                    complete=not (cut_short and ran))
 
 
@@ -296,57 +306,6 @@ def _blocks_to_batch(problem: SizeProblem, fitting: list[Trial], count: int, coa
         return by_size[:count]
     fastest = max(fitting, key=problem.roi_mvox_per_s).block
     return list(dict.fromkeys((fastest, by_size[0])))
-
-
-#: An untimed block wins only where its estimate beats the fastest timed one by this factor.
-ESTIMATE_MARGIN = 1.1
-
-
-def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: bool = False,
-         extrapolate: bool = False, growth: float = math.inf) -> SizeChoice:
-    """The fitting trial that would predict the region fastest.
-
-    ``extrapolate`` (the measured defaults' quick search, whose time may end
-    before a larger block is timed): the next coarse candidate above the
-    largest block timed, when none was refused for memory, wins if its pass,
-    estimated as the largest timed pass scaled by the input's voxels, would
-    predict the region :data:`ESTIMATE_MARGIN` faster -- that is, where it
-    computes less halo.  Scaling by voxels is the cautious estimate: a device
-    is seldom slower per voxel on a larger block, so the estimate counts only
-    the halo saved.  A short first run so gets a block that wastes less than
-    the start block without paying for the passes that would prove it.  ``growth``: the most input voxels
-    of that pass, as a multiple of the largest timed pass's (:func:`untimed_growth`).
-    """
-    fitting = [t for t in trials if t.fits]
-    winner = max(fitting, key=problem.roi_mvox_per_s)
-    best = problem.roi_mvox_per_s(winner)
-    estimate = _next_untimed(problem, trials, growth) if extrapolate and problem.fixed_block is None else None
-    if estimate is not None and problem.roi_mvox_per_s(estimate) >= ESTIMATE_MARGIN * best:
-        return SizeChoice(estimate.block, 1, problem.roi_mvox_per_s(estimate), tuple(trials), cached, estimated=True)
-    return SizeChoice(winner.block, winner.batch_size, best, tuple(trials), cached)
-
-
-def _next_untimed(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...],
-                  growth: float = math.inf) -> Trial | None:
-    """The next coarse candidate above the largest block timed at batch 1, its pass scaled by input voxels.
-
-    None when a trial was refused for memory, the largest block is not the fastest, or the next
-    candidate is missing, was tried, or reads more than ``growth`` times the largest timed block's input.
-    """
-    if any(not t.fits for t in trials) or problem.fixed_batch not in (None, 1):
-        return None
-    largest = max((t for t in trials if t.batch_size == 1), key=lambda t: t.block.prod(), default=None)
-    if largest is None or largest.seconds_per_pass <= 0 or largest.block != pick(problem, trials).block:
-        return None  # where the largest timed block is not the fastest, larger ones stopped paying
-    larger = [c for c in problem.candidates(coarse=True) if c.prod() > largest.block.prod()]
-    if not larger or any(t.block == larger[0] for t in trials):
-        return None
-    block = larger[0]
-    ratio = problem.input_shape(block).prod() / problem.input_shape(largest.block).prod()
-    if ratio > growth:
-        return None
-    seconds = largest.seconds_per_pass * ratio
-    return Trial(block, 1, "ok", block.prod() / seconds / 1e6, seconds)
 
 
 def _index_of_base(candidates: list[Coord], base: Coord) -> int:
@@ -429,22 +388,25 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     host = HostMeter(host_budget, problem) if host_budget is not None and predictor.device.type == "cpu" else None
     found = cache.get_entry(key, problem)
     found = host.review(found) if host is not None else found
-    # How far a block may be chosen untimed (a GPU; a CPU with OpenVINO: see untimed_growth), where the host
+    # How far a block may be chosen untimed (a GPU; a CPU with OpenVINO: see guessing), where the host
     # memory budget is foreseen to hold it.
-    growth = untimed_growth(predictor.device.type, predictor.backend)
-    extrapolate = quick_s is not None and growth > 0
+    guess = guessing(predictor.device.type, predictor.backend)
+    extrapolate = quick_s is not None and guess.untimed
+
+    def holds(block: Coord) -> bool:
+        if host is None or host.holds(block, 1):
+            return True
+        logger.info("block %s not taken untimed: not foreseen within %s", "x".join(map(str, block)),
+                    host.what or "the memory budget")
+        return False
 
     def held(choice: SizeChoice) -> SizeChoice:
-        if choice.estimated and host is not None and not host.holds(choice.block, choice.batch_size):
-            logger.info("block %s not taken untimed: not foreseen within %s", "x".join(map(str, choice.block)),
-                        host.what or "the memory budget")
-            return replace(pick(problem, choice.trials, cached=choice.cached), complete=choice.complete)
         return replace(choice, guess=(key, problem)) if choice.estimated else choice
 
     due = quick_s is not None and found is not None and recheck_due(problem, found)
     if found is not None and (cached_only or (found.complete and not due)):
-        return held(replace(pick(problem, found.trials, cached=True, extrapolate=extrapolate, growth=growth),
-                            complete=found.complete and not due))
+        return held(replace(pick(problem, found.trials, cached=True, extrapolate=extrapolate, guess=guess,
+                                 holds=holds), complete=found.complete and not due))
     if cached_only:
         return None
     if due:
@@ -454,13 +416,14 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
         predictor.release_memory(host=True)
         # A check counts where its time ended first too: no run after it pays again for a check it cannot afford.
         cache.put(key, problem, trials, complete=True, checks=found.checks + 1)
-        return held(pick(problem, trials, extrapolate=extrapolate, growth=growth))
+        return held(pick(problem, trials, extrapolate=extrapolate, guess=guess, holds=holds))
     known = (tuple(found.trials) if found is not None else ()) + tuple(known)  # a search cut short goes on
     if quick_s is None:
-        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, host=host), known=known)
+        choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, host=host), known=known,
+                        guess=NO_GUESSING)
     else:
         choice = search(problem, trial_runner(predictor, problem, budget_bytes=budget_bytes, quick=True, host=host),
-                        max_total_s=quick_s, coarse=True, known=known, untimed=extrapolate, growth=growth,
+                        max_total_s=quick_s, coarse=True, known=known, guess=guess, holds=holds,
                         trial_passes=quick_trial_passes(predictor.device.type, predictor.backend), cold_s=cold_s)
     predictor.release_memory(host=True)  # the trials' larger blocks are not held through the run
     cache.put(key, problem, choice.trials, complete=choice.complete)

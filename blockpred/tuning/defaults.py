@@ -16,9 +16,9 @@ quarter of its time for the runs after it, which pay nothing.  On a GPU, and
 on the CPU with OpenVINO, where the budget ends before a larger block is
 timed (or its trial would cost more than it saves), the next larger one is
 chosen when the halo it saves makes it faster by the largest timed pass
-scaled by voxels (:func:`blockpred.tuning.autosize.pick`; on the CPU only a
-step that reads at most four times the input, within the memory budget:
-:func:`blockpred.tuning.sizing.untimed_growth`).  The memory
+scaled by voxels (:func:`blockpred.tuning.autosize.pick`; on the CPU the one estimated fastest of those that
+read at most ten times the input, within the memory budget, and untimed where a trial would cost more than a
+twentieth of the run: :func:`blockpred.tuning.sizing.guessing`).  The memory
 format is measured first, at the start block: the estimate's pass is
 contiguous's, so channels_last takes the passes of a quick trial (a warm-up
 and a timed pass on a GPU, one cold pass on a CPU:

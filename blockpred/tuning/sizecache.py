@@ -137,13 +137,15 @@ def merge_trials(old: list[Trial] | tuple[Trial, ...], new: list[Trial] | tuple[
 
 
 def confirm_guess(choice: SizeChoice, seconds_per_pass: float, batch_size: int,
-                  cache: SizeCache | None = None) -> Trial | None:
+                  cache: SizeCache | None = None, passes: int = 2) -> Trial | None:
     """An estimated block (``choice.guess``) as the run's own passes timed it (their fastest at ``batch_size``),
     merged into its cached search as a trial: the next run takes it for what it measured, and from it the
     search steps on to a larger block untimed where that still pays, or keeps the block it timed fastest
     (:func:`blockpred.tuning.autosize.pick`).  Nothing is run again.  The trial, or None where there is no guess
-    or no pass."""
-    if choice.guess is None or seconds_per_pass <= 0:
+    or no pass, or the run had one ``passes`` only: the first pass at a shape is cold (with OpenVINO on two cores
+    a block of 96x288x288 took 1.5-2x its warm pass: compiled for the shape, its memory faulted in), and would
+    keep out the block that ran the region in one pass faster than four blocks of the smaller one."""
+    if choice.guess is None or seconds_per_pass <= 0 or passes < 2:
         return None
     key, problem = choice.guess
     cache = cache if cache is not None else SizeCache()

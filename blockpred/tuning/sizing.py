@@ -230,30 +230,63 @@ def quick_trial_passes(device_type: str, backend: str = "torch") -> int:
 
 
 #: On the CPU with OpenVINO, a block chosen untimed reads at most this many times the input voxels of the largest
-#: block timed (:func:`untimed_growth`).
-UNTIMED_INPUT_GROWTH = 4.0
+#: block timed (:func:`guessing`) ...
+UNTIMED_INPUT_GROWTH = 10.0
+#: ... and a block it could so choose is timed only where its trial is foreseen to cost at most this share of the
+#: run at the fastest block timed.
+GUESS_TRIAL_SHARE = 0.05
 
 
-def untimed_growth(device_type: str, backend: str = "torch") -> float:
+@dataclass(frozen=True)
+class Guessing:
+    """How far the measured defaults' quick search takes a larger block it did not time (:func:`guessing`; see
+    :func:`blockpred.tuning.autosize.pick`)."""
+
+    #: The most input voxels of a guessed block's pass, as a multiple of the largest timed pass's (0: no guess).
+    growth: float = math.inf
+    #: Coarse candidates above the largest timed block among which the best estimate is taken (None: all).
+    reach: int | None = 1
+    #: A block that could be guessed is timed only where its trial is foreseen to cost at most this share of the
+    #: run at the fastest block timed (infinite: wherever the search's budget and foreseen saving allow it).
+    trial_share: float = math.inf
+
+    @property
+    def untimed(self) -> bool:
+        return self.growth > 0
+
+
+#: A GPU's guess: the next coarse candidate, at any growth, where the search did not time it.
+GPU_GUESSING = Guessing()
+#: No block is taken untimed.
+NO_GUESSING = Guessing(growth=0.0, reach=0)
+
+
+def guessing(device_type: str, backend: str = "torch") -> Guessing:
     """How far the measured defaults' quick search may take a larger block untimed on a device of this type, with
-    this backend: the most input voxels of its pass, as a multiple of the largest timed pass's (0: never untimed;
-    see :func:`blockpred.tuning.autosize.pick`).
+    this backend (see :func:`blockpred.tuning.autosize.pick`).
 
-    * A GPU: any (the next coarse candidate; a larger block seldom runs slower per voxel there).
+    * A GPU: the next coarse candidate, at any growth, where the search's budget ended before it was timed (a
+      larger block seldom runs slower per voxel there).
     * A CPU with torch: never.  Its passes grow slower per voxel with the block (``unet12`` on two cores: 0.88
       us per input voxel at 96^3, 1.05 at 96x160x160), and a larger untimed block lost on ``tiny`` at 4 Mvox
       (64x128x128 ran its device steps in 1.84 s, 64^3 timed in 1.31 s).
-    * A CPU with OpenVINO: up to :data:`UNTIMED_INPUT_GROWTH`.  Its passes cost the same per input voxel at
-      every block (``unet12`` in f32 on two cores, 2026-11-27: 0.382, 0.385 and 0.397 us at 96^3, 96x160x160
-      and 96x288x288), so the block that computes less halo is faster, as estimated; a short run, whose
-      trial of it would cost more than it saves, so still gets it.  The growth keeps a guess's memory near
-      what was measured: one coarse step (eight times the core) reads at most four times the input where the
-      halo is a large share of the block (``unet12`` on 64x256x256, 64^3 -> 64x128x128: 2.8x; ``tiny`` on
-      512^3, 128^3 -> 256^3: 6.5x, 2.8 GiB against 0.97 GiB, not taken).
+    * A CPU with OpenVINO: the best estimate among the coarse candidates that read at most
+      :data:`UNTIMED_INPUT_GROWTH` times the input of the largest block timed, and those are not timed where
+      their trial would cost more than :data:`GUESS_TRIAL_SHARE` of the run.  Its passes cost the same per
+      input voxel at every block: ``unet12`` in f32, 0.382, 0.385 and 0.397 us at 96^3, 96x160x160 and
+      96x288x288 (2026-11-27); MONAI's BasicUNet 0.193, 0.202, 0.207, 0.199 and 0.204 us at 96^3,
+      96x160x160, 96x288x288, 160x224x224 and 160^3 (2026-11-29, warm).  A block estimated from the start
+      block's pass ran its run's passes within 0-19% of the estimate (four networks at 128x192x192, nine times
+      the start block's input, bench/RESULTS.md), where timing it first cost 1.3-5.1 s of a 7-28 s first run.
+      The run's own passes time the guess (:func:`blockpred.tuning.sizecache.confirm_guess`), the next run
+      steps on from it or back, and the memory budget is foreseen to hold it
+      (:meth:`blockpred.tuning.hostbudget.HostMeter.holds`).
     """
     if device_type != "cpu":
-        return math.inf
-    return UNTIMED_INPUT_GROWTH if backend == "openvino" else 0.0
+        return GPU_GUESSING
+    if backend != "openvino":
+        return NO_GUESSING
+    return Guessing(UNTIMED_INPUT_GROWTH, reach=None, trial_share=GUESS_TRIAL_SHARE)
 
 
 def probe_block(base_block: Coord, step: Coord) -> Coord:

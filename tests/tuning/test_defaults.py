@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 import blockpred
-from blockpred.tuning.autosize import (MAX_CHECKS, THIN_MARGIN, SizeProblem, Trial, foreseen_saving_s, pick, recheck,
-                                      recheck_due, search, untimed_growth)
+from blockpred.tuning.autosize import (MAX_CHECKS, NO_GUESSING, THIN_MARGIN, Guessing, SizeProblem, Trial,
+                                      foreseen_saving_s, guessing, pick, recheck, recheck_due, search)
 from blockpred.cli import main
 from blockpred.tuning.defaults import BASE_BUDGET_S, MAX_BUDGET_S, MIN_RUN_S, measuring_budget
 from blockpred.geometry import Box, Coord
@@ -300,7 +300,7 @@ def test_the_quick_search_doubles_the_batch_of_the_fastest_and_the_largest_block
         seconds = problem.input_shape(block).prod() * batch * per_voxel + 0.2
         return Trial(block, batch, "ok", block.prod() * batch / seconds / 1e6, seconds)
 
-    choice = search(problem, run, max_total_s=60.0, coarse=True, untimed=False)
+    choice = search(problem, run, max_total_s=60.0, coarse=True, guess=NO_GUESSING)
     batched = {size for size, batch in tried if batch > 1}
     if larger_pays:  # 16, 32, 64, 128 fit; the largest is the fastest
         assert batched == {128} and choice.block == Coord((128, 128, 128)) and choice.batch_size > 1
@@ -326,7 +326,7 @@ def test_the_quick_search_tries_no_batch_whose_trial_costs_more_than_a_batch_may
         clock.sleep(seconds)
         return Trial(block, batch, "ok", block.prod() * batch / seconds / 1e6, seconds)
 
-    choice = search(problem, run, max_total_s=60.0, coarse=True, untimed=False, trial_passes=1, clock=clock)
+    choice = search(problem, run, max_total_s=60.0, coarse=True, guess=NO_GUESSING, trial_passes=1, clock=clock)
     # 128^3 is the fastest and the largest (8 blocks over the region).  cpu-like: a batch of 2 may save
     # 4 calls x 2 ms, its trial takes ~0.014 s.  gpu-like: 4 calls x 0.1 s against a ~0.21 s trial.
     assert [size for size, _ in tried if size < 256] == [16, 32, 64, 128] + ([128] if batched else [])
@@ -364,7 +364,7 @@ def test_the_quick_search_tries_no_larger_block_whose_trial_costs_more_than_it_m
         clock.sleep(seconds)
         return Trial(block, batch, "ok", block.prod() / seconds / 1e6, seconds)
 
-    choice = search(problem, run, max_total_s=60.0, coarse=True, untimed=False, trial_passes=1, clock=clock)
+    choice = search(problem, run, max_total_s=60.0, coarse=True, guess=NO_GUESSING, trial_passes=1, clock=clock)
     # 128^3 computes 0.79x the voxels of 64^3 over the region: ~0.2 s saved for a 0.1 s trial.  256^3
     # (one block) computes 0.93x those of 128^3: ~0.05 s saved for a 0.7 s trial: not tried.
     assert tried == [16, 32, 64, 128] and choice.block == Coord((128, 128, 128))
@@ -437,13 +437,57 @@ def test_an_untimed_block_is_chosen_only_while_larger_blocks_pay_and_nothing_was
 def test_an_untimed_block_reads_at_most_growth_times_the_largest_timed_input():
     problem = _quick_problem()  # halo 4: 32^3 reads 40^3, 64^3 reads 72^3 (5.8 times as much)
     paying = [_timed(16, 1e-6), _timed(32, 1e-6)]
-    assert pick(problem, paying, extrapolate=True, growth=6.0).block == Coord((64, 64, 64))
-    choice = pick(problem, paying, extrapolate=True, growth=4.0)
+    assert pick(problem, paying, extrapolate=True, guess=Guessing(growth=6.0)).block == Coord((64, 64, 64))
+    choice = pick(problem, paying, extrapolate=True, guess=Guessing(growth=4.0))
     assert choice.block == Coord((32, 32, 32)) and not choice.estimated
     # A GPU takes the next block untimed at any growth; a CPU only with OpenVINO (flat per voxel), not with torch.
-    assert untimed_growth("cuda") == math.inf and untimed_growth("cuda", "torch") == math.inf
-    assert untimed_growth("cpu", "openvino") == 4.0
-    assert untimed_growth("cpu") == untimed_growth("cpu", "onnxruntime") == 0.0
+    assert guessing("cuda") == guessing("cuda", "torch") == Guessing(growth=math.inf, reach=1)
+    assert guessing("cpu", "openvino").growth == 10.0 and guessing("cpu", "openvino").reach is None
+    assert not guessing("cpu").untimed and not guessing("cpu", "onnxruntime").untimed
+
+
+def test_a_guess_is_the_best_estimate_its_reach_allows_and_the_memory_budget_holds():
+    problem = _quick_problem()  # from 16^3 (reads 24^3): 32^3 reads 40^3 (4.6x), 64^3 72^3 (27x), 128^3 (2.3e2 x)
+    start = [_timed(16, 1e-6)]
+    assert pick(problem, start, extrapolate=True).block == Coord((32, 32, 32))  # a GPU: the next one only
+    wide = Guessing(growth=30.0, reach=None)
+    assert pick(problem, start, extrapolate=True, guess=wide).block == Coord((64, 64, 64))
+    assert pick(problem, start, extrapolate=True, guess=Guessing(growth=10.0, reach=None)).block == Coord((32,) * 3)
+    held = pick(problem, start, extrapolate=True, guess=wide, holds=lambda block: block[0] < 64)
+    assert held.block == Coord((32, 32, 32)) and held.estimated
+    nothing = pick(problem, start, extrapolate=True, guess=wide, holds=lambda block: False)
+    assert nothing.block == Coord((16, 16, 16)) and not nothing.estimated
+
+
+@pytest.mark.parametrize("region, timed", [(64, False), (1024, True)], ids=["short-run", "long-run"])
+def test_a_block_the_search_may_guess_is_timed_only_where_its_trial_is_a_small_share_of_the_run(region, timed):
+    """OpenVINO on the CPU costs the same per input voxel at every block: a trial of a block the search may take
+    untimed tells little, and cost a short first run 1.3-5.1 s of 7-28 s (four networks at 18.9 Mvox)."""
+    problem = dataclasses.replace(_quick_problem(), roi=Box.from_shape(Coord((region,) * 3)))
+    tried, clock = [], TrialClock()
+
+    def run(block: Coord, batch: int) -> Trial:  # seconds in proportion to the input's voxels, on the trials' clock
+        tried.append((block[0], batch))
+        seconds = problem.input_shape(block).prod() * 1e-7
+        clock.sleep(seconds)
+        return Trial(block, batch, "ok", block.prod() * batch / seconds / 1e6, seconds)
+
+    known = (run(Coord((16, 16, 16)), 1),)
+    tried.clear()
+    guess = Guessing(growth=10.0, reach=None, trial_share=0.05)
+    choice = search(problem, run, max_total_s=1e9, coarse=True, known=known, guess=guess, trial_passes=2,
+                    clock=clock)
+    # 32^3's trial: two passes of 40^3, 0.013 s.  The run at 16^3 (24^3 a pass): 64^3, 64 blocks, 0.088 s (the
+    # trial 15% of it); 1024^3, 262144 blocks, 362 s.
+    if timed:
+        assert tried[0] == (32, 1)
+    else:  # guessed (32^3 computes 0.58x the voxels over the region), and no batch of 16^3 is tried instead
+        assert tried == [] and choice.block == Coord((32, 32, 32)) and choice.estimated
+    # Without the share (a GPU), the same search times 32^3 whatever the run.
+    clock2 = TrialClock()
+    tried.clear()
+    search(problem, run, max_total_s=1e9, coarse=True, known=known, trial_passes=2, clock=clock2)
+    assert tried and tried[0] == (32, 1)
 
 
 def test_a_network_with_no_halo_starts_at_a_block_that_amortises_per_block_costs(tmp_path):
