@@ -29,14 +29,20 @@ def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: 
     is seldom slower per voxel on a larger block, so the estimate counts only
     the halo saved.  A short first run so gets a block that wastes less than
     the start block without paying for the passes that would prove it.  ``holds``: whether the memory
-    budget is foreseen to hold a block (a guess it does not hold is not taken).
+    budget is foreseen to hold a block (a guess it does not hold is not taken).  Each run, the guess's and the
+    winner's, counts ``guess.cold_passes`` passes more than it runs: its first pass at a new shape.
     """
     fitting = [t for t in trials if t.fits]
     winner = max(fitting, key=problem.roi_mvox_per_s)
     best = problem.roi_mvox_per_s(winner)
     guesses = _guesses(problem, trials, guess, holds) if extrapolate and problem.fixed_block is None else []
-    estimate = max(guesses, key=problem.roi_mvox_per_s, default=None)
-    if estimate is not None and problem.roi_mvox_per_s(estimate) >= ESTIMATE_MARGIN * best:
+
+    def run_s(trial: Trial) -> float:
+        passes = -(-problem.blocks_over_region(trial.block).prod() // trial.batch_size)
+        return (passes + guess.cold_passes) * trial.seconds_per_pass
+
+    estimate = min(guesses, key=run_s, default=None)
+    if estimate is not None and run_s(winner) >= ESTIMATE_MARGIN * run_s(estimate):
         return SizeChoice(estimate.block, 1, problem.roi_mvox_per_s(estimate), tuple(trials), cached, estimated=True)
     return SizeChoice(winner.block, winner.batch_size, best, tuple(trials), cached)
 

@@ -235,6 +235,10 @@ UNTIMED_INPUT_GROWTH = 10.0
 #: ... and a block it could so choose is timed only where its trial is foreseen to cost at most this share of the
 #: run at the fastest block timed.
 GUESS_TRIAL_SHARE = 0.05
+#: A run's first pass at a block, with OpenVINO on the CPU, counted as this many warm passes more: it faults in the
+#: pass's memory and took 1.45-2x a warm pass (2-6 GiB; 2026-11-29), so that one block of 160x416x416 ran 18.9
+#: Mvox in 14.6-15.2 s where four blocks of 160x224x224 ran it in 10.6 s.
+COLD_PASSES = 1.0
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,9 @@ class Guessing:
     #: A block that could be guessed is timed only where its trial is foreseen to cost at most this share of the
     #: run at the fastest block timed (infinite: wherever the search's budget and foreseen saving allow it).
     trial_share: float = math.inf
+    #: Passes a run is foreseen to run beyond its blocks' in :func:`~blockpred.tuning.autosize.pick`: its first
+    #: pass at a new shape, cold.
+    cold_passes: float = 0.0
 
     @property
     def untimed(self) -> bool:
@@ -278,6 +285,9 @@ def guessing(device_type: str, backend: str = "torch") -> Guessing:
       96x160x160, 96x288x288, 160x224x224 and 160^3 (2026-11-29, warm).  A block estimated from the start
       block's pass ran its run's passes within 0-19% of the estimate (four networks at 128x192x192, nine times
       the start block's input, bench/RESULTS.md), where timing it first cost 1.3-5.1 s of a 7-28 s first run.
+      A run counts its first pass twice (:data:`COLD_PASSES`): a block that runs the region in one or two passes
+      pays for its cold pass there, and loses to one that runs it in more (160x416x416 for 18.9 Mvox: 14.6 s
+      in its one pass, cold, where its warm pass took 7.0-7.6 s).
       The run's own passes time the guess (:func:`blockpred.tuning.sizecache.confirm_guess`), the next run
       steps on from it or back, and the memory budget is foreseen to hold it
       (:meth:`blockpred.tuning.hostbudget.HostMeter.holds`).
@@ -286,7 +296,7 @@ def guessing(device_type: str, backend: str = "torch") -> Guessing:
         return GPU_GUESSING
     if backend != "openvino":
         return NO_GUESSING
-    return Guessing(UNTIMED_INPUT_GROWTH, reach=None, trial_share=GUESS_TRIAL_SHARE)
+    return Guessing(UNTIMED_INPUT_GROWTH, reach=None, trial_share=GUESS_TRIAL_SHARE, cold_passes=COLD_PASSES)
 
 
 def probe_block(base_block: Coord, step: Coord) -> Coord:

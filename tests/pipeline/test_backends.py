@@ -319,8 +319,8 @@ def test_a_workers_trials_run_the_network_as_its_blocks_do_with_the_runs_tta_and
 
 def test_a_block_chosen_untimed_is_timed_by_the_runs_passes_and_the_next_run_confirms_it_or_steps_back(tmp_path):
     # The guess of the test above, timed by the run's own passes (confirm_guess): where it ran faster than the start
-    # block per voxel over the region, the next run takes it as timed and steps on from it to the next guess;
-    # where it ran slower, the next run steps back to the start block.  Either way nothing is timed again.
+    # block per voxel over the region, the next run takes it as timed; where it ran slower, the next run steps back
+    # to the start block.  Either way nothing is timed again.
     from blockpred.geometry import Box, Coord
     from blockpred.models import build_preset
     from blockpred.tuning.autosize import SizeCache, SizeProblem, Trial, choose_sizes, confirm_guess
@@ -345,9 +345,6 @@ def test_a_block_chosen_untimed_is_timed_by_the_runs_passes_and_the_next_run_con
         trial = confirm_guess(first, seconds, 1, cache=cache)
         assert trial is not None and trial.block == guess and trial.seconds_per_pass == seconds
         second = chosen(cache, quick_s=0.0, cached_only=True)  # what the next run finds: no trial runs
-        assert any(t.block == guess and t.seconds_per_pass == seconds for t in second.trials), second
-        if expected == start:  # it lost: back to the start block, timed
-            assert second.block == start and not second.estimated, (seconds, second)
-            assert confirm_guess(second, seconds, 1, cache=cache) is None  # a timed block is no guess
-        else:  # it won: taken as timed, or the next guess steps on from it (64^3 reads 84^3, 4.2x 32^3's input)
-            assert second.block == Coord((64, 64, 64)) and second.estimated, (seconds, second)
+        # 64^3, one block, is no step on from 32^3: its one pass, cold, counted twice, saves under 10%
+        assert second.block == expected and not second.estimated, (seconds, second)
+        assert confirm_guess(second, seconds, 1, cache=cache) is None  # a timed block is no guess

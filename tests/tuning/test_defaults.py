@@ -443,6 +443,7 @@ def test_an_untimed_block_reads_at_most_growth_times_the_largest_timed_input():
     # A GPU takes the next block untimed at any growth; a CPU only with OpenVINO (flat per voxel), not with torch.
     assert guessing("cuda") == guessing("cuda", "torch") == Guessing(growth=math.inf, reach=1)
     assert guessing("cpu", "openvino").growth == 10.0 and guessing("cpu", "openvino").reach is None
+    assert guessing("cpu", "openvino").cold_passes == 1.0 and guessing("cuda").cold_passes == 0.0
     assert not guessing("cpu").untimed and not guessing("cpu", "onnxruntime").untimed
 
 
@@ -457,6 +458,12 @@ def test_a_guess_is_the_best_estimate_its_reach_allows_and_the_memory_budget_hol
     assert held.block == Coord((32, 32, 32)) and held.estimated
     nothing = pick(problem, start, extrapolate=True, guess=wide, holds=lambda block: False)
     assert nothing.block == Coord((16, 16, 16)) and not nothing.estimated
+    # The region in one pass of 264^3 computes less than in 8 of 136^3; counted with its first pass twice (cold:
+    # memory faulted in), the 8 win.
+    anywhere = Guessing(growth=math.inf, reach=None)
+    assert pick(problem, start, extrapolate=True, guess=anywhere).block == Coord((256, 256, 256))
+    cold = Guessing(growth=math.inf, reach=None, cold_passes=1.0)
+    assert pick(problem, start, extrapolate=True, guess=cold).block == Coord((128, 128, 128))
 
 
 @pytest.mark.parametrize("region, timed", [(64, False), (1024, True)], ids=["short-run", "long-run"])
