@@ -342,9 +342,12 @@ def test_a_block_chosen_untimed_is_timed_by_the_runs_passes_and_the_next_run_con
         first = chosen(cache, quick_s=0.0, known=known)
         assert first.block == guess and first.estimated and first.guess is not None, first
         assert confirm_guess(first, seconds, 1, cache=cache, passes=1) is None  # its one pass was cold
+        checks = cache.get_entry(*first.guess).checks
         trial = confirm_guess(first, seconds, 1, cache=cache)
         assert trial is not None and trial.block == guess and trial.seconds_per_pass == seconds
+        assert cache.get_entry(*first.guess).checks == checks + 1  # the run's passes checked it: no trial again
         second = chosen(cache, quick_s=0.0, cached_only=True)  # what the next run finds: no trial runs
         # 64^3, one block, is no step on from 32^3: its one pass, cold, counted twice, saves under 10%
         assert second.block == expected and not second.estimated, (seconds, second)
+        assert second.complete  # no re-check due: the winner leads by far, and was timed twice
         assert confirm_guess(second, seconds, 1, cache=cache) is None  # a timed block is no guess
