@@ -39,6 +39,7 @@ ever slows a pass down).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -127,15 +128,11 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         output_bytes = _finish(pending)
         return (time.perf_counter() - start) / repeats, output_bytes
 
-    def probe() -> int:
-        """One pass at the start block, whose memory foresees the larger trials' (see ``HostMeter.refuse``)."""
-        raw = _random_block((problem.in_channels,) + tuple(problem.input_shape(problem.base_block)), problem.raw_dtype)
-        return _finish(predictor.submit([raw], problem.steps.for_core(problem.halo, problem.base_block)))
-
     def run(block: Coord, batch: int) -> Trial:
         if cuda:
             torch.cuda.reset_peak_memory_stats(predictor.device)
         try:
+            probe = functools.partial(_probe, predictor, problem)
             refused = host.refuse(block, batch, probe) if host is not None else None
             if refused is not None:
                 return refused
@@ -160,6 +157,13 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         return Trial(block, batch, "ok", mvox, seconds, peak)
 
     return run
+
+
+def _probe(predictor: Predictor, problem: SizeProblem) -> int:
+    """One pass at the start block, whose memory foresees the larger blocks' (``HostMeter.refuse`` and ``holds``):
+    its output's bytes."""
+    raw = _random_block((problem.in_channels,) + tuple(problem.input_shape(problem.base_block)), problem.raw_dtype)
+    return _finish(predictor.submit([raw], problem.steps.for_core(problem.halo, problem.base_block)))
 
 
 def _random_block(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -394,7 +398,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     extrapolate = quick_s is not None and guess.untimed
 
     def holds(block: Coord) -> bool:
-        if host is None or host.holds(block, 1):
+        if host is None or host.holds(block, 1, functools.partial(_probe, predictor, problem)):
             return True
         logger.info("block %s not taken untimed: not foreseen within %s", "x".join(map(str, block)),
                     host.what or "the memory budget")

@@ -181,11 +181,17 @@ class HostMeter:
         queued = self.queued_bytes(block, batch, output_bytes_per_voxel=per_voxel)
         return held + peak * ratio + queued <= self.limit_bytes
 
-    def holds(self, block: Coord, batch: int) -> bool:
+    def holds(self, block: Coord, batch: int, probe: Callable[[], int] | None = None) -> bool:
         """Whether a run at ``block`` x ``batch``, never timed, is foreseen within the budget: from the largest pass
-        measured (:meth:`foresee`), else at most (:meth:`fits_at_most`); True where no budget can be told."""
+        measured (:meth:`foresee`), else at most (:meth:`fits_at_most`); True where no budget can be told.  Where
+        that bound does not hold it and nothing is measured, ``probe`` (as in :meth:`refuse`) measures one pass at
+        the start block first: the bound takes the process's whole peak so far (torch's passes among it) as the
+        growth of each start block (``loop-list``'s guess of 128x192x192 for 18.9 Mvox was so refused)."""
         if self.limit_bytes is None:
             return True
+        if self._measured is None and probe is not None and not self.fits_at_most(block, batch):
+            with self.measuring(self.problem.base_block, 1) as probed:
+                probed.output_bytes = probe()
         foreseen = self.foresee(block, batch)
         return foreseen <= self.limit_bytes if foreseen is not None else self.fits_at_most(block, batch)
 

@@ -145,6 +145,25 @@ def test_the_bound_without_a_measurement_takes_the_outputs_as_the_run_keeps_them
     assert HostMeter(HostBudget(limit_bytes=1, output_bytes_per_voxel=8.0), problem()).holds(block, 1) is False
 
 
+def test_a_guess_the_bound_does_not_hold_is_foreseen_from_one_measured_pass_at_the_start_block():
+    # The bound takes the whole peak so far as each start block's growth; one measured pass at the start block (it
+    # grows the process by little here: it only returns its output's bytes) foresees the guess within the budget.
+    calls = []
+
+    def probe() -> int:
+        calls.append(1)
+        return BASE.prod() * 8
+
+    block, ratio = BASE * 4, (84 / 36) ** 3
+    limit = resident_bytes() + int(peak_resident_bytes() * ratio) + (1 << 30)
+    meter = HostMeter(HostBudget(limit_bytes=limit), problem())
+    assert not meter.holds(block, 1) and not calls  # the bound alone: refused, nothing run
+    assert meter.holds(block, 1, probe) and calls == [1]
+    assert meter.holds(block, 1, probe) and calls == [1]  # measured once
+    roomy = HostMeter(HostBudget(limit_bytes=1 << 50), problem())
+    assert roomy.holds(block, 1, probe) and calls == [1]  # the bound holds it: no pass
+
+
 def test_the_outputs_per_voxel_are_the_channels_the_run_keeps_in_its_dtype():
     from blockpred.tuning.hostbudget import keeping_outputs
 
