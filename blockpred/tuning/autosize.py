@@ -65,9 +65,9 @@ from .sizing import (
     Trial,
     foreseen_batch_saving_s,
     foreseen_saving_s,
+    guessing,
     model_key,
     probe_block,
-    guessing,
     quick_trial_passes,
 )
 
@@ -109,6 +109,7 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         budget_bytes = int(free * MEMORY_FRACTION)
     baseline = torch.cuda.memory_allocated(predictor.device) if cuda else 0
     warmed = False  # the first trial also warms up threads and allocators
+    probe = functools.partial(_probe, predictor, problem)
 
     def passes(block: Coord, batch: int) -> tuple[float, int]:
         """The trial's warm-up and timed passes: seconds per timed pass, and the bytes of a batch's output."""
@@ -132,7 +133,6 @@ def trial_runner(predictor: Predictor, problem: SizeProblem, *, repeats: int = 2
         if cuda:
             torch.cuda.reset_peak_memory_stats(predictor.device)
         try:
-            probe = functools.partial(_probe, predictor, problem)
             refused = host.refuse(block, batch, probe) if host is not None else None
             if refused is not None:
                 return refused
@@ -397,6 +397,7 @@ def choose_sizes(predictor: Predictor, problem: SizeProblem, *, model_key: dict,
     guess = guessing(predictor.device.type, predictor.backend)
     extrapolate = quick_s is not None and guess.untimed
 
+    @functools.cache  # asked again by each step of the search and by pick: answered (and said) once
     def holds(block: Coord) -> bool:
         if host is None or host.holds(block, 1, functools.partial(_probe, predictor, problem)):
             return True

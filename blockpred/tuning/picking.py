@@ -38,8 +38,7 @@ def pick(problem: SizeProblem, trials: list[Trial] | tuple[Trial, ...], cached: 
     guesses = _guesses(problem, trials, guess, holds) if extrapolate and problem.fixed_block is None else []
 
     def run_s(trial: Trial) -> float:
-        passes = -(-problem.blocks_over_region(trial.block).prod() // trial.batch_size)
-        return (passes + guess.cold_passes) * trial.seconds_per_pass
+        return (problem.passes_over_region(trial) + guess.cold_passes) * trial.seconds_per_pass
 
     estimate = min(guesses, key=run_s, default=None)
     if estimate is not None and run_s(winner) >= ESTIMATE_MARGIN * run_s(estimate):
@@ -82,4 +81,3 @@ def guessed_instead(problem: SizeProblem, trials: list[Trial], block: Coord, gue
         return False
     run_s = problem.roi.size / (max(problem.roi_mvox_per_s(t) for t in trials if t.fits) * 1e6)
     return trial_s > guess.trial_share * run_s
-

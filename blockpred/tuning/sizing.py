@@ -92,10 +92,13 @@ class SizeProblem:
         """No block need be larger than the region to predict, rounded up to the step."""
         return self.roi.shape.ceil_div(self.step) * self.step
 
+    def passes_over_region(self, trial: Trial) -> int:
+        """Passes of ``trial``'s block and batch that tile the region."""
+        return -(-self.blocks_over_region(trial.block).prod() // trial.batch_size)
+
     def roi_mvox_per_s(self, trial: "Trial") -> float:
         """Mvox/s over the region: its voxels per second of the passes that tile it with ``trial``'s block."""
-        passes = -(-self.blocks_over_region(trial.block).prod() // trial.batch_size)
-        return self.roi.size / (passes * trial.seconds_per_pass) / 1e6
+        return self.roi.size / (self.passes_over_region(trial) * trial.seconds_per_pass) / 1e6
 
     def input_shape(self, block: Coord) -> Coord:
         return block + (self.halo + self.context) * 2 + self.input_extra
