@@ -180,3 +180,64 @@ def tmpfs(tmp_path):
         # disk busy for a moment: it is then detached at once and freed when the last file closes (umount -l).
         if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+class CrashableDisk:
+    """A real ext4 file system on a loop device (see :func:`crashable_disk`), whose disk can be read as a crash
+    of the machine would leave it.
+
+    It is mounted with a ten-minute journal commit and without ext4's flush-on-rename: nothing written reaches
+    its disk (an image file) within a test unless it was fsynced.  :meth:`crash` copies the image as it is --
+    what the disk holds, not what the page cache holds -- and mounts the copy (replaying its journal, as a
+    reboot does): what a power cut or a kernel panic at that moment would have left.
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.image = root / "disk.img"
+        self.path = root / "disk"
+        self.mounts: list[Path] = []
+
+    def mount(self) -> None:
+        import subprocess
+
+        self.path.mkdir()
+        steps = [["truncate", "-s", "32M", str(self.image)], ["mkfs.ext4", "-q", "-F", str(self.image)],
+                 ["mount", "-o", "loop,commit=600,noauto_da_alloc", str(self.image), str(self.path)]]
+        for step in steps:
+            result = subprocess.run(step, capture_output=True, text=True)
+            if result.returncode != 0:
+                pytest.skip(f"cannot make a loop-mounted ext4 here ({' '.join(step[:2])}): {result.stderr.strip()}")
+        self.mounts.append(self.path)
+
+    def crash(self) -> Path:
+        """The file system as the disk holds it now, after a crash and a reboot: a mounted copy; its root."""
+        import subprocess
+
+        number = len(self.mounts)
+        copy, mounted = self.root / f"crashed-{number}.img", self.root / f"crashed-{number}"
+        shutil.copyfile(self.image, copy)
+        mounted.mkdir()
+        subprocess.run(["mount", "-o", "loop", str(copy), str(mounted)], check=True, capture_output=True)
+        self.mounts.append(mounted)
+        return mounted
+
+    def unmount(self) -> None:
+        import subprocess
+
+        for path in reversed(self.mounts):
+            if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.fixture
+def crashable_disk(tmp_path):
+    """A :class:`CrashableDisk` (root only; skipped where a loop device cannot be mounted), unmounted after the
+    test: write to ``.path``, then read ``.crash()`` as the disk would be found after a crash of the machine."""
+    disk = CrashableDisk(tmp_path / "crashable")
+    disk.root.mkdir()
+    try:
+        disk.mount()
+        yield disk
+    finally:
+        disk.unmount()

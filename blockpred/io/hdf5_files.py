@@ -50,6 +50,7 @@ from typing import Iterator, Literal
 import h5py
 
 from ..errors import InvalidVolumeError, OutputLockedError
+from .durable import sync_file
 from .hdf5_recovery import RecoveryUnavailable, claim_file_end, clear_status_flags, superblock_version
 
 log = logging.getLogger(__name__)
@@ -281,12 +282,16 @@ class _OpenFiles:
         if entry.writer is not None and entry.handle.id.valid:
             entry.writer.commit_now()
         if entry.handle.id.valid:
+            name = entry.handle.filename
             try:
                 entry.handle.close()
             except Exception as error:  # noqa: BLE001 - a file whose writes failed may not close cleanly
                 if entry.writer is None or entry.writer.failed is None:
                     raise
-                log.debug("closing %s after a failed write: %s", entry.handle.filename, error)
+                log.debug("closing %s after a failed write: %s", name, error)
+            else:
+                if entry.writer is not None:  # what closing wrote (its flags, its last metadata) on the disk too
+                    sync_file(name)
 
     def acquire(self, key: str, access: Access) -> None:
         with self.lock:
@@ -361,7 +366,9 @@ def _start_swmr(handle: h5py.File, key: str, version: int | None) -> bool:
 
 
 def _unopenable(key: str, error: OSError) -> InvalidVolumeError:
-    return InvalidVolumeError(f"{key!r} must be an HDF5 file that this process can open; h5py failed: {error}")
+    return InvalidVolumeError(f"{key!r} must be an HDF5 file that this process can open; h5py failed: {error}; "
+                              f"a file damaged (a crash of the machine while it was written) must be restored or "
+                              f"removed by hand: blockpred deletes no file it cannot read")
 
 
 #: The registry every HDF5Volume borrows its file from.

@@ -21,7 +21,9 @@ Reads and writes go through tensorstore (driver ``zarr`` for format 2,
 ``zarr3`` for format 3, sharded arrays included; see :mod:`.tensorstore_io`);
 zarr-python finds the array (OME-NGFF groups, paths, attributes) and creates
 it.  An array tensorstore cannot open (a codec or filter it lacks) is read and
-written through zarr-python instead, slower but the same values.
+written through zarr-python instead, slower but the same values.  What
+zarr-python writes (metadata, and those chunks) is fsynced with its
+directories before the write returns (:class:`~.durable.DurableLocalStore`).
 
 Writes to disjoint boxes aligned to :attr:`ZarrVolume.chunk_shape` (the shard
 shape of a sharded array) touch disjoint files, so threads may write at once.
@@ -54,6 +56,7 @@ from ..errors import (
 from ..geometry import Coord
 from . import kvzarr, metadata, stores
 from .base import NewVolume, Volume, VolumePath, make_room, spatial_voxel_size
+from .durable import DurableLocalStore
 from .metadata import PARSE_ERRORS, UnreadableMetadataError
 from .ome import SCALE_PATH, axis_names, find_multiscales, first_scale, image_attributes
 from .tensorstore_io import TensorstoreVolume, kvstore, open_store
@@ -116,10 +119,13 @@ def open_volume(path: VolumePath, mode: str = "r") -> ZarrVolume:
 
 
 def _store(path: VolumePath, *, read_only: bool = False):
-    """The zarr-python store of ``path``'s container: a ``LocalStore``, or a ``KvZarrStore`` on an object store."""
+    """The zarr-python store of ``path``'s container: a ``LocalStore`` (:class:`DurableLocalStore` to write: its
+    writes survive a crash of the machine), or a ``KvZarrStore`` on an object store."""
     if path.is_remote:
         return kvzarr.zarr_store(path.container, read_only=read_only)
-    return LocalStore(path.container, read_only=read_only)
+    if read_only:
+        return LocalStore(path.container, read_only=True)
+    return DurableLocalStore(path.container)
 
 
 def _no_container(path: VolumePath) -> bool:

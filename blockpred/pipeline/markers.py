@@ -17,7 +17,12 @@ container (``vol.zarr/prediction`` -> ``vol.zarr.blockpred/prediction``,
   workers never share a file.  A mark is one ``write`` of 8 bytes to a file
   opened with ``O_APPEND`` (microseconds, and no file per block: 30 million
   blocks make a few files, not 30 million).  A block is marked only after its
-  data is written; a record cut short by a crash is ignored.
+  data is durable; a record cut short by a crash is ignored.
+
+The group, its fingerprint and the logs' names are fsynced before a block is
+marked, and the marks at the end of every job (see :mod:`.mark_logs`): after
+a crash of the machine the same command resumes, computing again only the
+blocks of the jobs that were running.
 
 Reading the finished set is a bulk read of those few files into a boolean
 grid; re-running the same command skips finished blocks, and a run whose
@@ -28,8 +33,8 @@ On an object store (an ``s3://`` output) the markers live on the same store
 beside the output (``s3://b/vol.zarr/raw`` -> ``s3://b/vol.zarr.blockpred/raw``).
 Objects cannot be appended to, so a process buffers its marks and writes them
 as a new small object ``done/<host>-<pid>-<random>-<seq>.ids`` (same records)
-every :data:`FLUSH_MARKS` marks, at most :data:`FLUSH_S` seconds after a mark
-(a timer), at the end of every job (:meth:`DoneMarkers.flush`) and at exit.
+every :data:`~.mark_logs.FLUSH_MARKS` marks, at most :data:`~.mark_logs.FLUSH_S`
+seconds after a mark (a timer), at the end of every job (:meth:`DoneMarkers.flush`) and at exit.
 A mark is still made only after the block's write committed; a crash loses at
 most the marks not yet flushed, and those blocks are computed again, writing
 the same values.  Reading lists ``done/`` and reads its objects at once.
@@ -37,13 +42,10 @@ the same values.  Reading lists ``done/`` and reads its objects at once.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
-import socket
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,22 +58,17 @@ from ..errors import RunFailedError
 from ..geometry import Coord
 from ..io import kvzarr, stores
 from ..io.base import VolumePath
+from ..io.durable import DurableLocalStore, sync_file, sync_path
 from ..io.ownership import check_owner, lock_path
 from ..io.stores import ObjectUrl
+from . import mark_logs
 from .blocking import Block, BlockPlan
 
 log = logging.getLogger(__name__)
 
 _ROOT_NAME = "_root"
-#: One log record: a block id.
-_RECORD = np.dtype("<i8")
-_LOG_SUFFIX = ".ids"
 #: Chunks of the ``masked`` array, in blocks (a few chunks even for millions of blocks).
 _MASKED_CHUNKS = (64, 128, 128)
-#: On an object store: a process writes its buffered marks as one object every this many marks ...
-FLUSH_MARKS = 512
-#: ... and at most this many seconds after a mark.
-FLUSH_S = 1.0
 
 
 def markers_path(target: VolumePath) -> Path | ObjectUrl:
@@ -109,10 +106,9 @@ def as_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, (tuple, Coord)) else str(v)))
 
 
-# Per process: the open log of each marker set and kind, and the blocks this process marked (a bit per block).
-_LOGS: dict[tuple[str, str, int], int] = {}
+# Per process: the blocks this process marked, per marker set (a bit per block).
 _MARKED: dict[tuple[str, str], "_Bits"] = {}
-_LOGS_LOCK = threading.Lock()
+_MARKED_LOCK = threading.Lock()
 
 
 class _Bits:
@@ -166,6 +162,7 @@ class DoneMarkers:
         for name in ("done", "skipped"):
             if not remote:  # an object store has no directories: the logs' keys make them
                 (path / name).mkdir()
+                sync_path(path / name, path.parent)  # and the names up to the one beside the output
         return cls(path, plan.grid_begin, plan.grid_shape, token)
 
     @classmethod
@@ -190,7 +187,7 @@ class DoneMarkers:
     def invalidate(path: Path | ObjectUrl) -> None:
         """Make the markers at ``path`` vouch for nothing, at once, then remove them.
 
-        Their group's ``zarr.json`` goes first (one unlink): from then on
+        Their group's ``zarr.json`` goes first (one unlink, made durable): from then on
         :meth:`open` finds no markers, so an output whose deletion is cut short
         (a kill, a full disk, a refused permission) is never resumed as finished.
         """
@@ -200,6 +197,7 @@ class DoneMarkers:
         else:
             try:
                 os.unlink(head)
+                sync_file(path)  # gone for good before the output goes: a crash then cannot bring it back
             except FileNotFoundError:
                 pass
         stores.remove_tree(path)
@@ -218,27 +216,18 @@ class DoneMarkers:
         rel = index - self.grid_begin
         return (rel[0] * self.grid_shape[1] + rel[1]) * self.grid_shape[2] + rel[2]
 
-    def _log(self, name: str) -> int:
-        """This process's log of ``name`` marks, opened (created) on first use."""
-        key = (str(self.path), self.token + name, os.getpid())
-        fd = _LOGS.get(key)
-        if fd is None:
-            with _LOGS_LOCK:
-                fd = _LOGS.get(key)
-                if fd is None:
-                    log = self.path / name / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}{_LOG_SUFFIX}"
-                    fd = _LOGS[key] = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        return fd
+    def _log_keys(self) -> tuple[str, ...]:
+        return (self.token + "done", self.token + "skipped")
 
     def _mark(self, name: str, block: Block) -> None:
         if self.owner:
             check_owner(lock_path(self.path), self.owner)
         block_id = self.block_id(block.index)
         if self.remote:
-            _buffer(self.path, self.token, name).add(block_id)
+            mark_logs.buffer(self.path, self.token, name).add(block_id)
         else:
-            os.write(self._log(name), _RECORD.type(block_id).tobytes())  # one append: a whole record or none
-        with _LOGS_LOCK:
+            mark_logs.append(self.path, self.token, name, block_id)
+        with _MARKED_LOCK:
             marked = _MARKED.get((str(self.path), self.token))
             if marked is None:
                 marked = _MARKED[(str(self.path), self.token)] = _Bits(self.grid_shape.prod())
@@ -253,38 +242,48 @@ class DoneMarkers:
         self._mark("skipped", block)
 
     def flush(self, *, quiet: bool = False) -> None:
-        """Write this process's buffered marks (object stores; local marks are written as they come).
+        """At a job's end: make this process's marks durable (on a disk, an fsync of its logs; on an object
+        store, its buffered marks written).
 
         A failure raises :class:`RunFailedError` (the blocks are written, their marks are not: the next run
         computes them again), or with ``quiet`` (a run already failing) is one warning line.
         """
         if not self.remote:
+            try:
+                mark_logs.sync_logs(str(self.path), self._log_keys())
+            except OSError as err:
+                self._lost(f"the marks of this process's finished blocks could not be made durable in {self.path} "
+                           f"({err.strerror or err})", err, quiet)
             return
         for name in ("done", "skipped"):
-            buffer = _BUFFERS.get((str(self.path), self.token, name, os.getpid()))
+            buffer = mark_logs.buffered(self.path, self.token, name)
             if buffer is None:
                 continue
             try:
                 buffer.flush(raise_errors=True)
             except Exception as err:  # noqa: BLE001 - said in one line
-                text = f"the marks of {len(buffer.ids)} finished block(s) could not be written to {self.path / name} " \
-                       f"({str(err).split(chr(10), 1)[0]}); the next run computes those blocks again"
                 buffer.reported = True
-                if not quiet:
-                    raise RunFailedError(text) from err
-                log.warning("%s", text)
+                self._lost(f"the marks of {len(buffer.ids)} finished block(s) could not be written to "
+                           f"{self.path / name} ({str(err).split(chr(10), 1)[0]})", err, quiet)
+
+    @staticmethod
+    def _lost(what: str, err: BaseException, quiet: bool) -> None:
+        text = f"{what}; the next run computes those blocks again"
+        if not quiet:
+            raise RunFailedError(text) from err
+        log.warning("%s", text)
 
     def close(self) -> None:
         """At the run's end: close this process's logs of these markers and forget what it marked here.
 
-        The marks stay on disk.  A process that runs many runs (a notebook, a worker of a long-lived
+        The marks stay on disk, fsynced.  A process that runs many runs (a notebook, a worker of a long-lived
         cluster) would otherwise keep a descriptor open per run and output.  Marking again opens a new log.
         """
-        with _LOGS_LOCK:
-            names = (self.token + "done", self.token + "skipped")
-            for key in [k for k in _LOGS if k[0] == str(self.path) and k[1] in names and k[2] == os.getpid()]:
-                os.close(_LOGS.pop(key))
-            _MARKED.pop((str(self.path), self.token), None)
+        try:
+            mark_logs.close_logs(str(self.path), self._log_keys())
+        finally:
+            with _MARKED_LOCK:
+                _MARKED.pop((str(self.path), self.token), None)
 
     def marked_here(self, block: Block) -> bool:
         """True when this process marked ``block`` (a retried task skips what it finished)."""
@@ -295,13 +294,12 @@ class DoneMarkers:
     def _ids(self, name: str) -> np.ndarray:
         """Every block id in the ``name`` logs (and an older blockpred's chunk files), unsorted."""
         if self.remote:
-            return _remote_ids(self.path / name)
+            return mark_logs.remote_ids(self.path / name)
         parts = []
         directory = self.path / name
         for entry in os.scandir(directory) if directory.is_dir() else ():
-            if entry.name.endswith(_LOG_SUFFIX):
-                raw = Path(entry.path).read_bytes()
-                parts.append(np.frombuffer(raw[: len(raw) - len(raw) % _RECORD.itemsize], dtype=_RECORD))
+            if entry.name.endswith(mark_logs.LOG_SUFFIX):
+                parts.append(mark_logs.records(Path(entry.path).read_bytes()))
         legacy = directory / "c"
         if legacy.is_dir():
             indices = [index - self.grid_begin for index in self._listed(legacy)]
@@ -386,102 +384,11 @@ class DoneMarkers:
 
 
 def _zarr_location(path: Path | ObjectUrl, read_only: bool = False):
-    """What zarr-python opens the markers' group (or array) at: a local path, or a store on the object store."""
-    return kvzarr.zarr_store(path, read_only=read_only) if isinstance(path, ObjectUrl) else str(path)
-
-
-# ----------------------------------------------------------------- marks on an object store
-
-
-class _MarkBuffer:
-    """One process's unwritten marks of one kind for one set of markers on an object store."""
-
-    def __init__(self, directory: ObjectUrl):
-        self.directory = directory
-        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.ids: list[int] = []
-        self.seq = 0
-        self.last_flush = time.monotonic()
-        self.lock = threading.Lock()
-        #: Held while marks are written: one write at a time, and a final flush waits for a timer's write.
-        self.write_lock = threading.Lock()
-        self.timer: threading.Timer | None = None
-        #: True once a failure to write these marks was reported (later failures are not said again).
-        self.reported = False
-
-    def add(self, block_id: int) -> None:
-        """Buffer a mark.  Never writes here: marks come from tensorstore's own callback threads, which must
-        not wait on tensorstore; a timer thread writes them (at once when due, else within ``FLUSH_S``)."""
-        with self.lock:
-            self.ids.append(block_id)
-            due = len(self.ids) >= FLUSH_MARKS or time.monotonic() - self.last_flush >= FLUSH_S
-            if self.timer is not None and due:
-                self.timer.cancel()
-                self.timer = None
-            if self.timer is None:
-                self.timer = threading.Timer(0.0 if due else FLUSH_S, self.flush)
-                self.timer.daemon = True
-                self.timer.start()
-
-    def flush(self, raise_errors: bool = False) -> None:
-        """Write the buffered marks as one new object ``<name>-<seq>.ids``; returns once they are stored."""
-        with self.write_lock:
-            with self.lock:
-                ids, self.ids = self.ids, []
-                if self.timer is not None:
-                    self.timer.cancel()
-                    self.timer = None
-                self.last_flush = time.monotonic()
-                if not ids:
-                    return
-                seq, self.seq = self.seq, self.seq + 1
-            try:
-                stores.write_bytes(self.directory / f"{self.name}-{seq:08d}{_LOG_SUFFIX}",
-                                   np.asarray(ids, dtype=_RECORD).tobytes())
-            except Exception as err:
-                with self.lock:
-                    self.ids[:0] = ids  # kept for the next flush
-                if raise_errors:
-                    raise
-                # Said once: a run that already reported these marks lost (DoneMarkers.flush) ends on its error line.
-                say = log.debug if self.reported else log.warning
-                say("writing %d done marks to %s failed (%s); kept for the next flush (blocks whose marks are never "
-                    "written are computed again by the next run)", len(ids), self.directory, str(err).split("\n", 1)[0])
-
-
-_BUFFERS: dict[tuple[str, str, str, int], _MarkBuffer] = {}
-
-
-def _buffer(path: ObjectUrl, token: str, name: str) -> _MarkBuffer:
-    key = (str(path), token, name, os.getpid())
-    buffer = _BUFFERS.get(key)
-    if buffer is None:
-        with _LOGS_LOCK:
-            buffer = _BUFFERS.setdefault(key, _MarkBuffer(path / name))
-    return buffer
-
-
-@atexit.register
-def _flush_all() -> None:
-    """At exit (not on a kill): every buffered mark of this process."""
-    for key, buffer in list(_BUFFERS.items()):
-        if key[3] == os.getpid():
-            buffer.flush()
-
-
-def _remote_ids(directory: ObjectUrl) -> np.ndarray:
-    """The block ids of every mark object below ``directory``, read at once."""
-    kv = stores.bucket_kvstore(directory)
-    keys = [key for key in stores.list_keys(directory) if key.endswith(_LOG_SUFFIX)]
-    pending = [kv.read(f"{directory.key}/{key}") for key in keys]
-    parts = []
-    for key, future in zip(keys, pending):
-        try:
-            raw = bytes(future.result().value)
-        except ValueError as error:
-            raise stores.storage_error(directory / key, error) from error
-        parts.append(np.frombuffer(raw[: len(raw) - len(raw) % _RECORD.itemsize], dtype=_RECORD))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    """What zarr-python opens the markers' group (or array) at: a local path (to write, a store whose writes
+    are durable), or a store on the object store."""
+    if isinstance(path, ObjectUrl):
+        return kvzarr.zarr_store(path, read_only=read_only)
+    return str(path) if read_only else DurableLocalStore(path)
 
 
 __all__ = ["DoneMarkers", "markers_path", "describe_changes", "as_json"]

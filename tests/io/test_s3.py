@@ -241,12 +241,12 @@ def test_anonymous_writes_are_refused_by_the_store_in_one_line(s3, capsys):
 
 
 def test_marks_on_s3_are_buffered_and_written_as_one_object_per_flush(s3, monkeypatch):
-    from blockpred.pipeline import markers as markers_module
-    from blockpred.pipeline.blocking import plan_blocks
     from blockpred.geometry import Coord
+    from blockpred.pipeline import mark_logs
+    from blockpred.pipeline.blocking import plan_blocks
 
-    monkeypatch.setattr(markers_module, "FLUSH_S", 60.0)  # only the count and flush() write here
-    monkeypatch.setattr(markers_module, "FLUSH_MARKS", 4)
+    monkeypatch.setattr(mark_logs, "FLUSH_S", 60.0)  # only the count and flush() write here
+    monkeypatch.setattr(mark_logs, "FLUSH_MARKS", 4)
     plan = plan_blocks(volume_shape=Coord((24, 32, 40)), block_shape=Coord((8, 8, 8)), halo=Coord((0, 0, 0)))
     path = markers_path(parse_volume_path(s3.url("out.zarr/pred")))
     markers = DoneMarkers.create(path, plan, {"x": 1})

@@ -1,6 +1,8 @@
 """What blockpred writes through tensorstore is what zarr-python (or N5's own byte format) reads, and back."""
 
 import struct
+import subprocess
+import sys
 
 import numcodecs
 import numpy as np
@@ -9,6 +11,7 @@ import zarr
 
 from blockpred.geometry import Box
 from blockpred.io import create_volume, open_volume
+from tests.helpers import child_env
 
 SHAPE = (3, 20, 33, 27)  # (c, z, y, x); no chunk divides y or x
 CHUNKS = (8, 16, 16)
@@ -69,6 +72,31 @@ def test_an_array_tensorstore_cannot_open_is_read_and_written_through_zarr_pytho
         np.testing.assert_array_equal(volume.read(volume.box), data)
         volume.write(Box((0, 0, 0), (8, 16, 16)), np.zeros((3, 8, 16, 16), np.uint8))
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "delta.zarr"))[:, :8, :16, :16], 0)
+
+
+#: A child that writes one slab into an existing array through blockpred and exits (nothing syncs after it).
+_WRITE_AND_EXIT = """
+import sys
+import numpy as np
+from blockpred.geometry import Box
+from blockpred.io import open_volume
+with open_volume(sys.argv[1], mode="r+") as volume:
+    assert not volume.async_writes  # zarr-python's path
+    volume.write(Box((0, 0, 0), (8, 16, 16)), np.full((3, 8, 16, 16), 7, np.uint8))
+"""
+
+
+def test_what_zarr_python_writes_for_blockpred_is_on_the_disk_after_a_crash_of_the_machine(crashable_disk):
+    """zarr-python renames a chunk into place without an fsync; blockpred's write returns once it is durable."""
+    path = crashable_disk.path / "delta.zarr"
+    zarr.create_array(str(path), shape=SHAPE, chunks=(3,) + CHUNKS, dtype="uint8", zarr_format=2,
+                      filters=[numcodecs.Delta(dtype="uint8")], compressors=None, fill_value=0)
+    subprocess.run(["sync"], check=True)  # the array made by another tool, long ago
+    child = subprocess.run([sys.executable, "-c", _WRITE_AND_EXIT, str(path)], capture_output=True, text=True,
+                           env=child_env(), timeout=120)
+    assert child.returncode == 0, child.stderr
+    found = zarr.open_array(str(crashable_disk.crash() / "delta.zarr"), mode="r")
+    assert (found[:, :8, :16, :16] == 7).all() and not found[:, 8:].any()
 
 
 def _read_n5_block(path) -> np.ndarray:

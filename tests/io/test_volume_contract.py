@@ -356,6 +356,22 @@ def test_a_write_that_returned_is_in_the_volume_after_a_kill_of_its_process(back
         assert not volume.read(Box((8, 0, 0), (12, 20, 18))).any()  # never written: the fill value
 
 
+def test_a_write_that_returned_is_on_the_disk_after_a_crash_of_the_machine(backend, crashable_disk):
+    """A kill leaves the page cache; a crash takes it: the volume's metadata and the data of every write that
+    returned must be on the disk itself (the child exits without a kill, and nothing syncs after it)."""
+    path = backend.path(crashable_disk.path)
+    options = dict(spatial_shape=SPATIAL_SHAPE, num_channels=2, dtype="float32", chunk_shape=CHUNK_SHAPE,
+                   **backend.create_options)
+    child = subprocess.run([sys.executable, "-c", _WRITE_THEN_DIE, json.dumps({"path": path, "options": options})],
+                           capture_output=True, text=True, env=child_env(), timeout=120)
+    assert child.returncode == -signal.SIGKILL and child.stdout.strip() == "returned", child.stderr
+    crashed = backend.path(crashable_disk.crash())
+    expected = np.random.default_rng(0).standard_normal((2, *SPATIAL_SHAPE)).astype("float32")
+    with open_volume(crashed) as volume:
+        np.testing.assert_array_equal(volume.read(Box((0, 0, 0), (8, 20, 18))), expected[:, 0:8])
+        assert not volume.read(Box((8, 0, 0), (12, 20, 18))).any()
+
+
 def test_a_write_to_a_full_disk_fails_and_every_write_that_completed_reads_back(backend, tmpfs):
     disk = tmpfs("384k")
     path = backend.path(disk.path)

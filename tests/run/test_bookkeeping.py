@@ -216,3 +216,46 @@ def test_a_run_in_this_process_leaves_no_descriptor_open_on_its_output(tmp_path,
         assert open_under(tmp_path) == [], f"run {k}: still open"
     logs = list((tmp_path / "out.zarr.blockpred").rglob("*.ids"))
     assert logs, "the marks were written"
+
+
+#: A child that marks three blocks done on markers made beforehand, says so, and waits to be killed.
+_MARK_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from blockpred.geometry import Coord
+from blockpred.pipeline.blocking import plan_blocks
+from blockpred.pipeline.markers import DoneMarkers
+markers = DoneMarkers.open(Path(sys.argv[1]))
+plan = plan_blocks(volume_shape=Coord((24, 32, 40)), block_shape=Coord((8, 8, 8)), halo=Coord((0, 0, 0)))
+for index in [(0, 0, 0), (1, 2, 3), (2, 3, 4)]:
+    markers.mark_done(plan.block(Coord(index)))
+print("marked", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_marks_reach_the_disk_while_the_run_goes_on_so_a_crash_of_the_machine_keeps_them(crashable_disk):
+    """A run is one job on one machine: marks wait for no job's end, a thread fsyncs them within a second."""
+    import time
+
+    from blockpred.pipeline import mark_logs
+    from tests.helpers import HANG_S
+
+    path = crashable_disk.path / "out.zarr.blockpred" / "pred"
+    DoneMarkers.create(path, _plan(), {"x": 1})
+    child = subprocess.Popen([sys.executable, "-c", _MARK_AND_WAIT, str(path)], stdout=subprocess.PIPE, text=True,
+                             env=child_env())
+    try:
+        assert child.stdout.readline().strip() == "marked"
+        deadline = time.monotonic() + HANG_S
+        while True:  # the disk as a crash would leave it, read until the marks are there
+            crashed = DoneMarkers.open(crashable_disk.crash() / "out.zarr.blockpred" / "pred")
+            assert crashed is not None, "the markers' group did not reach the disk when it was made"
+            if len(crashed.done_indices()) == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(mark_logs.SYNC_S)
+        assert crashed.done_indices() == {Coord((0, 0, 0)), Coord((1, 2, 3)), Coord((2, 3, 4))}
+        assert child.poll() is None  # still running: its job has not ended
+    finally:
+        child.kill()
+        child.wait()

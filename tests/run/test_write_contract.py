@@ -7,6 +7,8 @@ the output must equal a clean run's (a mark vouches for data that is there: HDF5
 data was still in its caches, and 42 of 64 read as zeros after a resume); the last run computes exactly
 the blocks not marked, and the output equals the clean run's bit for bit (same batch, layout and threads).
 A full disk fails its blocks without a mark; with space freed, the same command completes the output.
+A crash of the machine (the disk read as it holds it, page cache lost) after a run, or in the middle of a zarr
+run, leaves an output the same command resumes or finds finished.
 """
 
 from __future__ import annotations
@@ -134,3 +136,31 @@ def test_a_full_disk_fails_blocks_without_marks_and_with_space_freed_the_run_com
     assert_marked_blocks_hold_their_data(target, clean)
     disk.resize("16m")
     assert_resumes_to_the_clean_output(source, target, clean, caplog)
+
+
+# ----------------------------------------------------------------- a crash of the machine, not only of the process
+
+
+@pytest.mark.parametrize("template", [FORMATS[0], FORMATS[1]])  # N5 and precomputed: test_volume_contract.py
+def test_a_finished_run_is_found_finished_after_a_crash_of_the_machine(template, source, clean, crashable_disk,
+                                                                       caplog):
+    """The command said it finished: its output's metadata, every block's data and every mark are on the disk
+    itself, so after a power cut the same command computes nothing and the output is the clean run's."""
+    result = run_blockpred("run", source, template.format(dir=crashable_disk.path), *PINNED)
+    assert result.returncode == 0, result.stderr
+    crashed = template.format(dir=crashable_disk.crash())
+    assert_resumes_to_the_clean_output(source, crashed, clean, caplog)
+    assert len(done_blocks(crashed)) == np.prod(GRID)
+
+
+def test_a_run_cut_short_by_a_crash_of_the_machine_resumes_to_the_clean_output(source, clean, crashable_disk,
+                                                                               caplog):
+    """Killed mid-run and read as the disk holds it: whatever marks reached the disk vouch for data that is there,
+    and the same command resumes the output (before, its metadata and markers were in the page cache only, and
+    the command refused the output it could no longer read).  Not HDF5: the page cache reaches the disk in any
+    order, and what HDF5 wrote after its last flush can leave the file unreadable (docs/reliability.md)."""
+    template = FORMATS[1].values[0]
+    assert run_until_marked(source, template.format(dir=crashable_disk.path), 9) == -signal.SIGKILL
+    crashed = template.format(dir=crashable_disk.crash())
+    assert_marked_blocks_hold_their_data(crashed, clean)
+    assert_resumes_to_the_clean_output(source, crashed, clean, caplog)
