@@ -188,39 +188,44 @@ class CrashableDisk:
 
     It is mounted with a ten-minute journal commit and without ext4's flush-on-rename: nothing written reaches
     its disk (an image file) within a test unless it was fsynced.  :meth:`crash` copies the image as it is --
-    what the disk holds, not what the page cache holds -- and mounts the copy (replaying its journal, as a
-    reboot does): what a power cut or a kernel panic at that moment would have left.
+    what the disk holds, not what the page cache holds -- and mounts the copy the same way (replaying its
+    journal, as a reboot does): what a power cut or a kernel panic at that moment would have left, itself a
+    disk that can crash.
     """
 
-    def __init__(self, root: Path):
-        self.root = root
-        self.image = root / "disk.img"
-        self.path = root / "disk"
-        self.mounts: list[Path] = []
+    def __init__(self, image: Path, path: Path, mounts: list[Path]):
+        self.image = image
+        self.path = path
+        #: Every mount of this disk and of the copies made from it, unmounted at the end of the test.
+        self.mounts = mounts
 
     def mount(self) -> None:
         import subprocess
 
         self.path.mkdir()
-        steps = [["truncate", "-s", "32M", str(self.image)], ["mkfs.ext4", "-q", "-F", str(self.image)],
-                 ["mount", "-o", "loop,commit=600,noauto_da_alloc", str(self.image), str(self.path)]]
-        for step in steps:
-            result = subprocess.run(step, capture_output=True, text=True)
-            if result.returncode != 0:
-                pytest.skip(f"cannot make a loop-mounted ext4 here ({' '.join(step[:2])}): {result.stderr.strip()}")
+        result = subprocess.run(["mount", "-o", "loop,commit=600,noauto_da_alloc", str(self.image), str(self.path)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount an ext4 image on a loop device here: {result.stderr.strip()}")
         self.mounts.append(self.path)
 
-    def crash(self) -> Path:
-        """The file system as the disk holds it now, after a crash and a reboot: a mounted copy; its root."""
+    def crash(self) -> "CrashableDisk":
+        """The file system as the disk holds it now, after a crash and a reboot: a mounted copy."""
+        import uuid
+
+        name = f"crashed-{uuid.uuid4().hex[:8]}"
+        copy = CrashableDisk(self.image.with_name(f"{name}.img"), self.path.with_name(name), self.mounts)
+        shutil.copyfile(self.image, copy.image)
+        copy.mount()
+        return copy
+
+    def discard(self) -> None:
+        """Unmount this copy and delete its image (a test that reads many crashes keeps one at a time)."""
         import subprocess
 
-        number = len(self.mounts)
-        copy, mounted = self.root / f"crashed-{number}.img", self.root / f"crashed-{number}"
-        shutil.copyfile(self.image, copy)
-        mounted.mkdir()
-        subprocess.run(["mount", "-o", "loop", str(copy), str(mounted)], check=True, capture_output=True)
-        self.mounts.append(mounted)
-        return mounted
+        subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
+        self.mounts.remove(self.path)
+        self.image.unlink()
 
     def unmount(self) -> None:
         import subprocess
@@ -234,8 +239,15 @@ class CrashableDisk:
 def crashable_disk(tmp_path):
     """A :class:`CrashableDisk` (root only; skipped where a loop device cannot be mounted), unmounted after the
     test: write to ``.path``, then read ``.crash()`` as the disk would be found after a crash of the machine."""
-    disk = CrashableDisk(tmp_path / "crashable")
-    disk.root.mkdir()
+    import subprocess
+
+    root = tmp_path / "crashable"
+    root.mkdir()
+    disk = CrashableDisk(root / "disk.img", root / "disk", [])
+    for step in (["truncate", "-s", "32M", str(disk.image)], ["mkfs.ext4", "-q", "-F", str(disk.image)]):
+        result = subprocess.run(step, capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot make an ext4 image here ({step[0]}): {result.stderr.strip()}")
     try:
         disk.mount()
         yield disk

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from ..errors import OutputLockedError, OwnershipLostError
 from . import stores
+from .durable import sync_file
 from .stores import ObjectUrl
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,17 @@ class _LocalLock:
                 pass
         aside.unlink()
         _remove_empty_parent(self.path)
+        _sync_nearest(self.path.parent)  # gone for good: a crash of the machine then leaves no stale lock
+
+
+def _sync_nearest(directory: Path) -> None:
+    """fsync ``directory``, or its parent where it is gone (a removal in it is then durable)."""
+    for place in (directory, directory.parent):
+        try:
+            sync_file(place)
+            return
+        except FileNotFoundError:
+            continue
 
 
 class _ObjectLock:

@@ -95,7 +95,7 @@ def test_what_zarr_python_writes_for_blockpred_is_on_the_disk_after_a_crash_of_t
     child = subprocess.run([sys.executable, "-c", _WRITE_AND_EXIT, str(path)], capture_output=True, text=True,
                            env=child_env(), timeout=120)
     assert child.returncode == 0, child.stderr
-    found = zarr.open_array(str(crashable_disk.crash() / "delta.zarr"), mode="r")
+    found = zarr.open_array(str(crashable_disk.crash().path / "delta.zarr"), mode="r")
     assert (found[:, :8, :16, :16] == 7).all() and not found[:, 8:].any()
 
 

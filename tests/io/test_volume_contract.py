@@ -365,7 +365,7 @@ def test_a_write_that_returned_is_on_the_disk_after_a_crash_of_the_machine(backe
     child = subprocess.run([sys.executable, "-c", _WRITE_THEN_DIE, json.dumps({"path": path, "options": options})],
                            capture_output=True, text=True, env=child_env(), timeout=120)
     assert child.returncode == -signal.SIGKILL and child.stdout.strip() == "returned", child.stderr
-    crashed = backend.path(crashable_disk.crash())
+    crashed = backend.path(crashable_disk.crash().path)
     expected = np.random.default_rng(0).standard_normal((2, *SPATIAL_SHAPE)).astype("float32")
     with open_volume(crashed) as volume:
         np.testing.assert_array_equal(volume.read(Box((0, 0, 0), (8, 20, 18))), expected[:, 0:8])

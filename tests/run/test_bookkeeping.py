@@ -249,10 +249,12 @@ def test_marks_reach_the_disk_while_the_run_goes_on_so_a_crash_of_the_machine_ke
         assert child.stdout.readline().strip() == "marked"
         deadline = time.monotonic() + HANG_S
         while True:  # the disk as a crash would leave it, read until the marks are there
-            crashed = DoneMarkers.open(crashable_disk.crash() / "out.zarr.blockpred" / "pred")
+            copy = crashable_disk.crash()
+            crashed = DoneMarkers.open(copy.path / "out.zarr.blockpred" / "pred")
             assert crashed is not None, "the markers' group did not reach the disk when it was made"
             if len(crashed.done_indices()) == 3 or time.monotonic() > deadline:
                 break
+            copy.discard()
             time.sleep(mark_logs.SYNC_S)
         assert crashed.done_indices() == {Coord((0, 0, 0)), Coord((1, 2, 3)), Coord((2, 3, 4))}
         assert child.poll() is None  # still running: its job has not ended

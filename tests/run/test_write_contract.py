@@ -7,8 +7,8 @@ the output must equal a clean run's (a mark vouches for data that is there: HDF5
 data was still in its caches, and 42 of 64 read as zeros after a resume); the last run computes exactly
 the blocks not marked, and the output equals the clean run's bit for bit (same batch, layout and threads).
 A full disk fails its blocks without a mark; with space freed, the same command completes the output.
-A crash of the machine (the disk read as it holds it, page cache lost) after a run, or in the middle of a zarr
-run, leaves an output the same command resumes or finds finished.
+A crash of the machine (the disk read as it holds it, the page cache lost) after a run, or in the middle of a
+run into a zarr, N5 or precomputed output, leaves an output the same command resumes or finds finished.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,8 +102,12 @@ def assert_resumes_to_the_clean_output(source: str, target: str, clean: np.ndarr
 
 
 @pytest.mark.parametrize("template", FORMATS)
-def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(template, source, clean, tmp_path, caplog):
-    target = template.format(dir=tmp_path)
+def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(template, source, clean, crashable_disk,
+                                                                         caplog):
+    """Killed, and read both as the killed process left it (the page cache) and as a crash of the machine at that
+    moment would (the disk alone: see ``crashable_disk``); finished, and read again as after a crash."""
+    disk = crashable_disk
+    target = template.format(dir=disk.path)
     hdf5 = template.endswith(":/pred")
     killed = []
     for count in (2, 9, 17) if hdf5 else (9,):
@@ -112,15 +115,23 @@ def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(templat
         if killed[-1]:
             assert_marked_blocks_hold_their_data(target, clean)
     assert any(killed), "no run was killed before it finished"
+    if not hdf5:  # HDF5's writes after its last flush reach the disk in any order: a crash can tear the file
+        crashed = template.format(dir=disk.crash().path)
+        assert_marked_blocks_hold_their_data(crashed, clean)
+        assert_resumes_to_the_clean_output(source, crashed, clean, caplog)  # before: the output was refused
     flagged = hdf5 and killed[-1]  # the killed writer left its file flagged 'open for writing' ...
     if flagged:  # ... which a SWMR reader (as blockpred's) reads
         code = "import h5py, sys; h5py.File(sys.argv[1], 'r', swmr=True)['pred'][...]"
-        read = subprocess.run([sys.executable, "-c", code, str(Path(tmp_path) / "out.h5")], capture_output=True,
+        read = subprocess.run([sys.executable, "-c", code, str(disk.path / "out.h5")], capture_output=True,
                               text=True)
         assert read.returncode == 0, read.stderr
     said = assert_resumes_to_the_clean_output(source, target, clean, caplog)
     if flagged:  # ... and the next writer clears them, with a warning
         assert any("flags are cleared" in line for line in said), said
+    # Finished: the output's metadata, every block and every mark on the disk itself, so after a power cut the same
+    # command computes nothing (before, neither the markers nor a zarr output's metadata were).
+    finished = template.format(dir=disk.crash().path)
+    assert_resumes_to_the_clean_output(source, finished, clean, caplog)
 
 
 @pytest.mark.parametrize("template", [FORMATS[0], FORMATS[1]])
@@ -137,30 +148,3 @@ def test_a_full_disk_fails_blocks_without_marks_and_with_space_freed_the_run_com
     disk.resize("16m")
     assert_resumes_to_the_clean_output(source, target, clean, caplog)
 
-
-# ----------------------------------------------------------------- a crash of the machine, not only of the process
-
-
-@pytest.mark.parametrize("template", [FORMATS[0], FORMATS[1]])  # N5 and precomputed: test_volume_contract.py
-def test_a_finished_run_is_found_finished_after_a_crash_of_the_machine(template, source, clean, crashable_disk,
-                                                                       caplog):
-    """The command said it finished: its output's metadata, every block's data and every mark are on the disk
-    itself, so after a power cut the same command computes nothing and the output is the clean run's."""
-    result = run_blockpred("run", source, template.format(dir=crashable_disk.path), *PINNED)
-    assert result.returncode == 0, result.stderr
-    crashed = template.format(dir=crashable_disk.crash())
-    assert_resumes_to_the_clean_output(source, crashed, clean, caplog)
-    assert len(done_blocks(crashed)) == np.prod(GRID)
-
-
-def test_a_run_cut_short_by_a_crash_of_the_machine_resumes_to_the_clean_output(source, clean, crashable_disk,
-                                                                               caplog):
-    """Killed mid-run and read as the disk holds it: whatever marks reached the disk vouch for data that is there,
-    and the same command resumes the output (before, its metadata and markers were in the page cache only, and
-    the command refused the output it could no longer read).  Not HDF5: the page cache reaches the disk in any
-    order, and what HDF5 wrote after its last flush can leave the file unreadable (docs/reliability.md)."""
-    template = FORMATS[1].values[0]
-    assert run_until_marked(source, template.format(dir=crashable_disk.path), 9) == -signal.SIGKILL
-    crashed = template.format(dir=crashable_disk.crash())
-    assert_marked_blocks_hold_their_data(crashed, clean)
-    assert_resumes_to_the_clean_output(source, crashed, clean, caplog)
