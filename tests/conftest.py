@@ -14,6 +14,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+import contextlib  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
@@ -206,7 +207,7 @@ class CrashableDisk:
         result = subprocess.run(["mount", "-o", "loop,commit=600,noauto_da_alloc", str(self.image), str(self.path)],
                                 capture_output=True, text=True)
         if result.returncode != 0:
-            pytest.skip(f"cannot mount an ext4 image on a loop device here: {result.stderr.strip()}")
+            raise OSError(f"cannot mount an ext4 image on a loop device here: {result.stderr.strip()}")
         self.mounts.append(self.path)
 
     def crash(self) -> "CrashableDisk":
@@ -235,10 +236,9 @@ class CrashableDisk:
                 subprocess.run(["umount", "-l", str(path)], check=True)
 
 
-@pytest.fixture
-def crashable_disk(tmp_path):
-    """A :class:`CrashableDisk` (root only; skipped where a loop device cannot be mounted), unmounted after the
-    test: write to ``.path``, then read ``.crash()`` as the disk would be found after a crash of the machine."""
+@contextlib.contextmanager
+def _crashable(tmp_path):
+    """A mounted :class:`CrashableDisk`, or (None, why) where this machine cannot make one; unmounted after."""
     import subprocess
 
     root = tmp_path / "crashable"
@@ -247,9 +247,31 @@ def crashable_disk(tmp_path):
     for step in (["truncate", "-s", "32M", str(disk.image)], ["mkfs.ext4", "-q", "-F", str(disk.image)]):
         result = subprocess.run(step, capture_output=True, text=True)
         if result.returncode != 0:
-            pytest.skip(f"cannot make an ext4 image here ({step[0]}): {result.stderr.strip()}")
+            yield None, f"cannot make an ext4 image here ({step[0]}): {result.stderr.strip()}"
+            return
     try:
-        disk.mount()
-        yield disk
+        try:
+            disk.mount()
+        except OSError as error:  # root only, and a loop device
+            yield None, str(error)
+            return
+        yield disk, ""
     finally:
         disk.unmount()
+
+
+@pytest.fixture
+def crashable_disk(tmp_path):
+    """A :class:`CrashableDisk` (root only; skipped where a loop device cannot be mounted), unmounted after the
+    test: write to ``.path``, then read ``.crash()`` as the disk would be found after a crash of the machine."""
+    with _crashable(tmp_path) as (disk, why):
+        if disk is None:
+            pytest.skip(why)
+        yield disk
+
+
+@pytest.fixture
+def crashable_disk_or_none(tmp_path):
+    """:func:`crashable_disk`, or None where none can be mounted (a test that checks more than crashes runs on)."""
+    with _crashable(tmp_path) as (disk, _):
+        yield disk

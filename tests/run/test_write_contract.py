@@ -102,12 +102,14 @@ def assert_resumes_to_the_clean_output(source: str, target: str, clean: np.ndarr
 
 
 @pytest.mark.parametrize("template", FORMATS)
-def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(template, source, clean, crashable_disk,
-                                                                         caplog):
+def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(template, source, clean, tmp_path,
+                                                                         crashable_disk_or_none, caplog):
     """Killed, and read both as the killed process left it (the page cache) and as a crash of the machine at that
-    moment would (the disk alone: see ``crashable_disk``); finished, and read again as after a crash."""
-    disk = crashable_disk
-    target = template.format(dir=disk.path)
+    moment would (the disk alone: see ``crashable_disk``; where no loop device can be mounted, only the first);
+    finished, and read again as after a crash."""
+    disk = crashable_disk_or_none
+    place = tmp_path if disk is None else disk.path
+    target = template.format(dir=place)
     hdf5 = template.endswith(":/pred")
     killed = []
     for count in (2, 9, 17) if hdf5 else (9,):
@@ -115,23 +117,24 @@ def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(templat
         if killed[-1]:
             assert_marked_blocks_hold_their_data(target, clean)
     assert any(killed), "no run was killed before it finished"
-    if not hdf5:  # HDF5's writes after its last flush reach the disk in any order: a crash can tear the file
+    if disk is not None and not hdf5:  # HDF5's writes after its last flush reach the disk in any order
         crashed = template.format(dir=disk.crash().path)
         assert_marked_blocks_hold_their_data(crashed, clean)
         assert_resumes_to_the_clean_output(source, crashed, clean, caplog)  # before: the output was refused
     flagged = hdf5 and killed[-1]  # the killed writer left its file flagged 'open for writing' ...
     if flagged:  # ... which a SWMR reader (as blockpred's) reads
         code = "import h5py, sys; h5py.File(sys.argv[1], 'r', swmr=True)['pred'][...]"
-        read = subprocess.run([sys.executable, "-c", code, str(disk.path / "out.h5")], capture_output=True,
+        read = subprocess.run([sys.executable, "-c", code, str(place / "out.h5")], capture_output=True,
                               text=True)
         assert read.returncode == 0, read.stderr
     said = assert_resumes_to_the_clean_output(source, target, clean, caplog)
     if flagged:  # ... and the next writer clears them, with a warning
         assert any("flags are cleared" in line for line in said), said
-    # Finished: the output's metadata, every block and every mark on the disk itself, so after a power cut the same
-    # command computes nothing (before, neither the markers nor a zarr output's metadata were).
-    finished = template.format(dir=disk.crash().path)
-    assert_resumes_to_the_clean_output(source, finished, clean, caplog)
+    if disk is not None:
+        # Finished: the output's metadata, every block and every mark on the disk itself, so after a power cut the
+        # same command computes nothing (before, neither the markers nor a zarr output's metadata were).
+        finished = template.format(dir=disk.crash().path)
+        assert_resumes_to_the_clean_output(source, finished, clean, caplog)
 
 
 @pytest.mark.parametrize("template", [FORMATS[0], FORMATS[1]])
