@@ -7,8 +7,9 @@ the output must equal a clean run's (a mark vouches for data that is there: HDF5
 data was still in its caches, and 42 of 64 read as zeros after a resume); the last run computes exactly
 the blocks not marked, and the output equals the clean run's bit for bit (same batch, layout and threads).
 A full disk fails its blocks without a mark; with space freed, the same command completes the output.
-A crash of the machine (the disk read as it holds it, the page cache lost) after a run, or in the middle of a
-run into a zarr, N5 or precomputed output, leaves an output the same command resumes or finds finished.
+A crash of the machine (the disk read as it holds it, the page cache lost) in the middle of a run into a zarr,
+N5 or precomputed output leaves marks that vouch for data that is there, and the same command resumes (zarr,
+here); after any run finished, the same command finds it finished.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def test_an_output_killed_at_several_points_resumes_equal_to_a_clean_run(templat
     if disk is not None and not hdf5:  # HDF5's writes after its last flush reach the disk in any order
         crashed = template.format(dir=disk.crash().path)
         assert_marked_blocks_hold_their_data(crashed, clean)
-        assert_resumes_to_the_clean_output(source, crashed, clean, caplog)  # before: the output was refused
+        if template == FORMATS[1].values[0]:  # the resume from the crash once: N5 and precomputed go the same way
+            assert_resumes_to_the_clean_output(source, crashed, clean, caplog)  # before: the output was refused
     flagged = hdf5 and killed[-1]  # the killed writer left its file flagged 'open for writing' ...
     if flagged:  # ... which a SWMR reader (as blockpred's) reads
         code = "import h5py, sys; h5py.File(sys.argv[1], 'r', swmr=True)['pred'][...]"
