@@ -55,13 +55,14 @@ def records(raw: bytes) -> np.ndarray:
 
 # ----------------------------------------------------------------- logs on a disk
 
-#: Per process: the open log of each marker set and kind, by (markers path, token + kind, pid).
-_LOGS: dict[tuple[str, str, int], int] = {}
+#: Per process: the open log of each marker set and kind, by (markers path, their token, kind, pid).
+_Key = tuple[str, str, str, int]
+_LOGS: dict[_Key, int] = {}
 _LOGS_LOCK = threading.Lock()
 #: Per log: marks appended (a count that changes; a lost increment still changes it), and that count when the
 #: log was last fsynced.
-_APPENDED: dict[tuple[str, str, int], int] = {}
-_SYNCED: dict[tuple[str, str, int], int] = {}
+_APPENDED: dict[_Key, int] = {}
+_SYNCED: dict[_Key, int] = {}
 #: The pid whose syncing thread runs (a forked child starts its own).
 _SYNCER: list[int] = []
 
@@ -77,7 +78,7 @@ os.register_at_fork(after_in_child=_after_fork)
 def append(markers: Path, token: str, kind: str, block_id: int) -> None:
     """Append ``block_id`` to this process's log of ``kind`` marks of the markers at ``markers`` (``token``: their
     creation), creating the log, with a durable name, on first use."""
-    full = (str(markers), token + kind, os.getpid())
+    full = (str(markers), token, kind, os.getpid())
     fd = _LOGS.get(full)
     if fd is None:
         with _LOGS_LOCK:
@@ -105,10 +106,10 @@ def _sync_every() -> None:
     while True:
         time.sleep(SYNC_S)
         with _LOGS_LOCK:
-            _sync([k for k in _LOGS if k[2] == os.getpid() and _APPENDED.get(k) != _SYNCED.get(k)], quiet=True)
+            _sync([k for k in _LOGS if k[3] == os.getpid() and _APPENDED.get(k) != _SYNCED.get(k)], quiet=True)
 
 
-def _sync(keys: list[tuple[str, str, int]], quiet: bool = False) -> None:
+def _sync(keys: list[_Key], quiet: bool = False) -> None:
     """fsync the logs ``keys`` (hold ``_LOGS_LOCK``); ``quiet``: a failure is a debug line (a job's end says it)."""
     for key in keys:
         count = _APPENDED.get(key)
@@ -122,22 +123,22 @@ def _sync(keys: list[tuple[str, str, int]], quiet: bool = False) -> None:
         _SYNCED[key] = count
 
 
-def _own(path: str, keys: tuple[str, ...]) -> list[tuple[str, str, int]]:
-    return [k for k in _LOGS if k[0] == path and k[1] in keys and k[2] == os.getpid()]
+def _own(markers: Path, token: str) -> list[_Key]:
+    return [k for k in _LOGS if k[0] == str(markers) and k[1] == token and k[3] == os.getpid()]
 
 
-def sync_logs(path: str, keys: tuple[str, ...]) -> None:
-    """fsync this process's logs of the markers at ``path`` (``keys``: token + kind): its marks are durable."""
+def sync_logs(markers: Path, token: str) -> None:
+    """fsync this process's logs of the markers at ``markers`` (``token``: their creation): its marks are durable."""
     with _LOGS_LOCK:
-        _sync(_own(path, keys))
+        _sync(_own(markers, token))
 
 
-def close_logs(path: str, keys: tuple[str, ...]) -> None:
-    """fsync and close this process's logs of the markers at ``path``; marking again opens new ones.  (A failed
+def close_logs(markers: Path, token: str) -> None:
+    """fsync and close this process's logs of the markers at ``markers``; marking again opens new ones.  (A failed
     fsync is not said here: :func:`sync_logs` at the job's end said it; those marks may be lost, and their blocks
     computed again.)"""
     with _LOGS_LOCK:
-        for k in _own(path, keys):
+        for k in _own(markers, token):
             try:
                 _sync([k], quiet=True)
             finally:

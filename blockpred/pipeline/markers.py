@@ -159,10 +159,10 @@ class DoneMarkers:
             chunks = tuple(min(c, n) for c, n in zip(_MASKED_CHUNKS, masked.shape))
             array = group.create_array("masked", shape=masked.shape, chunks=chunks, dtype="uint8", fill_value=0)
             array[...] = masked.astype(np.uint8)
-        for name in ("done", "skipped"):
-            if not remote:  # an object store has no directories: the logs' keys make them
+        if not remote:  # an object store has no directories: the logs' keys make them
+            for name in ("done", "skipped"):
                 (path / name).mkdir()
-                sync_path(path / name, path.parent)  # and the names up to the one beside the output
+            sync_path(path, path.parent)  # their names, and the names up to the one beside the output
         return cls(path, plan.grid_begin, plan.grid_shape, token)
 
     @classmethod
@@ -216,9 +216,6 @@ class DoneMarkers:
         rel = index - self.grid_begin
         return (rel[0] * self.grid_shape[1] + rel[1]) * self.grid_shape[2] + rel[2]
 
-    def _log_keys(self) -> tuple[str, ...]:
-        return (self.token + "done", self.token + "skipped")
-
     def _mark(self, name: str, block: Block) -> None:
         if self.owner:
             check_owner(lock_path(self.path), self.owner)
@@ -250,7 +247,7 @@ class DoneMarkers:
         """
         if not self.remote:
             try:
-                mark_logs.sync_logs(str(self.path), self._log_keys())
+                mark_logs.sync_logs(self.path, self.token)
             except OSError as err:
                 self._lost(f"the marks of this process's finished blocks could not be made durable in {self.path} "
                            f"({err.strerror or err})", err, quiet)
@@ -280,7 +277,7 @@ class DoneMarkers:
         cluster) would otherwise keep a descriptor open per run and output.  Marking again opens a new log.
         """
         try:
-            mark_logs.close_logs(str(self.path), self._log_keys())
+            mark_logs.close_logs(self.path, self.token)
         finally:
             with _MARKED_LOCK:
                 _MARKED.pop((str(self.path), self.token), None)
